@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Fresh machine -> whole test suite: Python test dependencies in .venv, dynalite from npm (pinned in
+# package-lock.json), ruff, then pytest. The DynamoDB-compatible servers (moto's server, dynalite)
+# are started by the tests themselves on 127.0.0.1 and stopped when they end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test]"
+if [ ! -x node_modules/.bin/dynalite ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+# pytest exits 5 when it collected no test: that fails this script too, on purpose.
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,32 @@
+"""The child's log: plain lines on stderr, which the supervisor captures and forwards.
+
+Format: ``<iso time> <level> shard=<id> stream=<id> <message>``.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from typing import TextIO
+
+import attrs
+
+
+@attrs.define
+class Log:
+    shard: str = "-"
+    out: TextIO = attrs.field(factory=lambda: sys.stderr)
+
+    def line(self, level: str, message: str, *, stream: str = "-") -> None:
+        now = datetime.now(UTC).isoformat(timespec="milliseconds")
+        self.out.write(f"{now} {level} shard={self.shard} stream={stream} {message}\n")
+        self.out.flush()
+
+    def info(self, message: str, *, stream: str = "-") -> None:
+        self.line("INFO", message, stream=stream)
+
+    def warning(self, message: str, *, stream: str = "-") -> None:
+        self.line("WARNING", message, stream=stream)
+
+    def error(self, message: str, *, stream: str = "-") -> None:
+        self.line("ERROR", message, stream=stream)

@@ -1,0 +1,203 @@
+"""Pipe protocol v1 between the supervisor and a shard worker: messages and a sans-IO codec.
+
+Both processes import this module, so it depends only on attrs and the standard library.
+Framing is one JSON object per line (``\\n``-terminated, UTF-8); every object has a ``type``.
+The codec never touches a file descriptor: feed it bytes, take messages out (like h11).
+See docs/pipe-protocol.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import attrs
+
+PROTOCOL_VERSION = 1
+MAX_LINE_BYTES = 1 << 20  # a control message is small; a longer line means a broken peer
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not protocol v1."""
+
+
+# --- Shard definition, shared by the supervisor's config and the start message ---------------
+
+
+@attrs.frozen
+class StreamSpec:
+    """One WebSocket feed of a shard."""
+
+    id: str
+    url: str
+    sequence: str = ""  # dotted path to the sequence number in a JSON message; "" = unsequenced
+    subscribe: str = ""  # text sent after connecting; "" = nothing
+
+
+@attrs.frozen
+class SinkSpec:
+    """Where the worker writes records (the child builds the sink from this)."""
+
+    kind: str = "jsonl"
+    path: str = "out/{shard}/{stream}.{epoch}.jsonl"
+    fsync: bool = False
+
+
+@attrs.frozen
+class WorkerSettings:
+    """Timing knobs the child needs; all durations in seconds."""
+
+    checkpoint_interval: float = 1.0
+    reconnect_initial: float = 0.1
+    reconnect_max: float = 5.0
+    connect_timeout: float = 5.0
+
+
+# --- Parent -> child ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Start:
+    type: ClassVar[str] = "start"
+    shard: str
+    epoch: int
+    worker: str
+    streams: tuple[StreamSpec, ...]
+    checkpoint: dict[str, int]
+    sink: SinkSpec
+    settings: WorkerSettings
+    fence_deadline: float  # time.monotonic() of this host; no sink write at or after it
+    version: int = PROTOCOL_VERSION
+
+
+@attrs.frozen
+class Fence:
+    """Moves the fence deadline; sent after each successful lease heartbeat."""
+
+    type: ClassVar[str] = "fence"
+    deadline: float
+
+
+@attrs.frozen
+class Stop:
+    """Finish the message in hand, flush, report the final checkpoint, exit 0."""
+
+    type: ClassVar[str] = "stop"
+    reason: str
+    deadline: float  # time.monotonic() by which the child must have exited
+
+
+# --- Child -> parent ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Hello:
+    type: ClassVar[str] = "hello"
+    version: int
+    pid: int
+
+
+@attrs.frozen
+class Ready:
+    """The sink is open and every stream task has started."""
+
+    type: ClassVar[str] = "ready"
+
+
+@attrs.frozen
+class Checkpoint:
+    """Last sequence per stream that the sink has durably written (flushed)."""
+
+    type: ClassVar[str] = "checkpoint"
+    checkpoint: dict[str, int]
+    written: int  # records written since start, all streams
+
+
+@attrs.frozen
+class Stopped:
+    type: ClassVar[str] = "stopped"
+    checkpoint: dict[str, int]
+    written: int
+    reason: str
+
+
+@attrs.frozen
+class Error:
+    """Something the supervisor should log; ``fatal`` means the child is about to exit non-zero."""
+
+    type: ClassVar[str] = "error"
+    message: str
+    fatal: bool = False
+
+
+Message = Start | Fence | Stop | Hello | Ready | Checkpoint | Stopped | Error
+_TYPES: dict[str, type] = {
+    cls.type: cls for cls in (Start, Fence, Stop, Hello, Ready, Checkpoint, Stopped, Error)
+}
+
+
+def _to_jsonable(msg: Message) -> dict[str, Any]:
+    body = attrs.asdict(msg, recurse=True)  # tuples stay tuples; json writes them as lists
+    return {"type": msg.type, **body}
+
+
+def _from_jsonable(obj: Any) -> Message:
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise ProtocolError(f"expected an object with a string 'type', got {obj!r:.200}")
+    cls = _TYPES.get(obj["type"])
+    if cls is None:
+        raise ProtocolError(f"unknown message type {obj['type']!r}")
+    fields = {k: v for k, v in obj.items() if k != "type"}
+    try:
+        if cls is Start:
+            fields["streams"] = tuple(StreamSpec(**s) for s in fields["streams"])
+            fields["sink"] = SinkSpec(**fields["sink"])
+            fields["settings"] = WorkerSettings(**fields["settings"])
+            fields["checkpoint"] = {str(k): int(v) for k, v in fields["checkpoint"].items()}
+        return cls(**fields)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"bad {obj['type']!r} message: {exc}") from exc
+
+
+def encode(msg: Message) -> bytes:
+    """One message as one line."""
+    return json.dumps(_to_jsonable(msg), separators=(",", ":")).encode() + b"\n"
+
+
+@attrs.define
+class Decoder:
+    """Bytes in, messages out. ``feed(b"")`` marks EOF; a partial last line is then an error."""
+
+    _buffer: bytearray = attrs.field(factory=bytearray)
+    _eof: bool = False
+
+    def feed(self, data: bytes) -> None:
+        if self._eof:
+            raise ProtocolError("data after EOF")
+        if not data:
+            self._eof = True
+            return
+        self._buffer += data
+
+    @property
+    def at_eof(self) -> bool:
+        """True once EOF was fed and every complete line has been taken out."""
+        return self._eof and b"\n" not in self._buffer
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                if len(self._buffer) > MAX_LINE_BYTES:
+                    raise ProtocolError(f"line longer than {MAX_LINE_BYTES} bytes")
+                if self._eof and self._buffer:
+                    raise ProtocolError("EOF in the middle of a message")
+                return
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ProtocolError(f"not JSON: {line[:200]!r}") from exc
+            yield _from_jsonable(obj)

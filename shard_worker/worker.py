@@ -1,0 +1,223 @@
+"""The shard worker's lifecycle: hello, start, read and write until stop, fence or EOF.
+
+Exit codes: 0 stopped (or the parent went away), 1 unexpected error, 2 protocol error,
+3 fence deadline passed. See docs/pipe-protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from urllib.parse import urlsplit
+
+import trio
+
+from .control import MessageChannel, PipeClosed
+from .log import Log
+from .protocol import (
+    PROTOCOL_VERSION,
+    Checkpoint,
+    Error,
+    Fence,
+    Hello,
+    ProtocolError,
+    Ready,
+    Start,
+    Stop,
+    Stopped,
+)
+from .recorder import FenceExpired, Recorder
+from .sequence import SequencePath
+from .sink import open_sink
+from .stream_reader import Placeholders, StreamReader
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_PROTOCOL = 2
+EXIT_FENCE = 3
+
+START_TIMEOUT = 10.0
+REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
+FATAL_REPORT_TIMEOUT = 1.0  # best effort on the way out
+STOP_MARGIN = 0.05  # leave the parent this much of the stop deadline to see us exit
+
+
+class ControlClosed(Exception):
+    """EOF on the control pipe: the parent died or wants us gone now."""
+
+
+async def run_worker(channel: MessageChannel, log: Log) -> int:
+    """Run one shard epoch over ``channel``; returns the process exit code."""
+    try:
+        return await _lifecycle(channel, log)
+    except Exception as exc:  # noqa: BLE001 - every failure must become an exit code
+        return await _fail(channel, log, exc)
+
+
+async def _lifecycle(channel: MessageChannel, log: Log) -> int:
+    await _report(channel, Hello(version=PROTOCOL_VERSION, pid=os.getpid()))
+    first = await _receive_start(channel)
+    if isinstance(first, Stop):
+        log.info(f"stopped before start: {first.reason}")
+        await _send_stopped(channel, first, {}, 0, log)
+        return EXIT_OK
+    start = first
+    log.shard = start.shard
+    sink = open_sink(
+        start.sink,
+        shard=start.shard,
+        epoch=start.epoch,
+        worker=start.worker,
+        streams=[spec.id for spec in start.streams],
+    )
+    try:
+        recorder = Recorder(sink, start.fence_deadline, _resume_checkpoint(start))
+        stop = await _run_shard(start, recorder, channel, log)
+    finally:
+        sink.close()
+    checkpoint, written = recorder.checkpoint(), recorder.written
+    log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
+    await _send_stopped(channel, stop, checkpoint, written, log)
+    return EXIT_OK
+
+
+async def _send_stopped(
+    channel: MessageChannel, stop: Stop, checkpoint: dict[str, int], written: int, log: Log
+) -> None:
+    """The final report, unless the stop deadline passes first (then we just exit)."""
+    with trio.move_on_at(_trio_deadline(stop.deadline) - STOP_MARGIN) as scope:
+        await channel.send(Stopped(checkpoint=checkpoint, written=written, reason=stop.reason))
+    if scope.cancelled_caught:
+        log.warning("stop deadline reached before 'stopped' was sent")
+
+
+async def _receive_start(channel: MessageChannel) -> Start | Stop:
+    with trio.move_on_after(START_TIMEOUT):
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed before start")
+        if isinstance(message, Stop):
+            return message
+        if not isinstance(message, Start):
+            raise ProtocolError(f"expected 'start', got {message.type!r}")
+        if message.version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {message.version} not supported (this worker speaks "
+                f"{PROTOCOL_VERSION})"
+            )
+        _validate(message)
+        return message
+    raise ProtocolError(f"no 'start' message within {START_TIMEOUT:g}s")
+
+
+def _validate(start: Start) -> None:
+    """Reject a Start this worker cannot run, before anything is opened."""
+    ids = [spec.id for spec in start.streams]
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(f"duplicate stream ids in {ids}")
+    for spec in start.streams:
+        if urlsplit(spec.url).scheme not in ("ws", "wss"):
+            raise ProtocolError(f"stream {spec.id!r}: URL must start with ws:// or wss://")
+        if spec.sequence:
+            try:
+                SequencePath.parse(spec.sequence)
+            except ValueError as exc:
+                raise ProtocolError(f"stream {spec.id!r}: {exc}") from None
+
+
+def _resume_checkpoint(start: Start) -> dict[str, int]:
+    """The start checkpoint, restricted to this shard's sequenced streams."""
+    sequenced = {spec.id for spec in start.streams if spec.sequence}
+    return {stream: seq for stream, seq in start.checkpoint.items() if stream in sequenced}
+
+
+async def _run_shard(start: Start, recorder: Recorder, channel: MessageChannel, log: Log) -> Stop:
+    """Readers and checkpoints run until Stop; raises ControlClosed or FenceExpired otherwise."""
+    async with trio.open_nursery() as nursery:
+        for spec in start.streams:
+            reader = StreamReader(
+                spec,
+                recorder=recorder,
+                settings=start.settings,
+                placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
+                log=log,
+            )
+            await nursery.start(reader.run)
+        nursery.start_soon(_checkpoint_loop, recorder, channel, start.settings.checkpoint_interval)
+        await _report(channel, Ready())
+        log.info(f"ready: epoch={start.epoch} streams={len(start.streams)}")
+        stop = await _serve_control(channel, recorder)
+        nursery.cancel_scope.cancel()
+    return stop
+
+
+async def _serve_control(channel: MessageChannel, recorder: Recorder) -> Stop:
+    """Apply Fence messages until a Stop arrives (returned) or the pipe closes (raised)."""
+    while True:
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed")
+        if isinstance(message, Fence):
+            recorder.fence_deadline = message.deadline
+        elif isinstance(message, Stop):
+            return message
+        else:
+            raise ProtocolError(f"unexpected {message.type!r} message after start")
+
+
+async def _checkpoint_loop(recorder: Recorder, channel: MessageChannel, interval: float) -> None:
+    """Flush, then report what the flush made durable (only when it moved)."""
+    reported = recorder.checkpoint()
+    while True:
+        await trio.sleep(interval)
+        checkpoint = recorder.flush()  # synchronous: nothing is written between the two
+        if checkpoint != reported:
+            await _report(channel, Checkpoint(checkpoint=checkpoint, written=recorder.written))
+            reported = checkpoint
+
+
+async def _report(channel: MessageChannel, message: Hello | Ready | Checkpoint) -> None:
+    with trio.fail_after(REPORT_TIMEOUT):
+        await channel.send(message)
+
+
+async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:
+    """Log ``exc``, tell the parent when it can still listen, and pick the exit code."""
+    fence = _find(exc, FenceExpired)
+    protocol = _find(exc, ProtocolError)
+    closed = _find(exc, ControlClosed) or _find(exc, PipeClosed)
+    if fence is not None:
+        code, message = EXIT_FENCE, str(fence)
+    elif protocol is not None:
+        code, message = EXIT_PROTOCOL, f"protocol error: {protocol}"
+    elif closed is not None:
+        log.info(str(closed))  # the parent is gone or done with us: nobody to report to
+        return EXIT_OK
+    else:
+        code, message = EXIT_ERROR, f"unexpected error: {exc!r}"
+        traceback.print_exception(exc)
+    log.error(message)
+    with trio.move_on_after(FATAL_REPORT_TIMEOUT):
+        try:
+            await channel.send(Error(message=message, fatal=True))
+        except PipeClosed as closed:
+            log.warning(str(closed))
+    return code
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc``, looking inside (nested) exception groups."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def _trio_deadline(monotonic_deadline: float) -> float:
+    """A time.monotonic() deadline on trio's clock (which has a random offset)."""
+    return trio.current_time() + (monotonic_deadline - time.monotonic())

@@ -1,0 +1,148 @@
+"""Starting a shard worker process and talking to it over two dedicated pipes.
+
+The control pipe (parent -> child) and the report pipe (child -> parent) are passed as extra file
+descriptors, never stdin/stdout, so user code that prints cannot corrupt the protocol. The child's
+stdout and stderr are read line by line and logged with its shard id. trio waits on the process
+itself (pidfd on Linux), so no other process is ever reaped by accident.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Protocol
+
+import trio
+
+from shard_worker.protocol import Decoder, Message, ProtocolError, encode
+
+log = logging.getLogger("shardvisor.child")
+_READ_SIZE = 65536
+MAX_LOG_LINE = 8192
+
+
+class ChildHandle(Protocol):
+    """What a shard runner needs from a child, real or fake."""
+
+    pid: int
+
+    async def send(self, msg: Message) -> None: ...
+
+    async def receive(self) -> Message | None:
+        """The next message, or None at EOF of the report pipe."""
+
+    async def wait(self) -> int: ...
+
+    def signal(self, signum: int) -> None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ChildProcess:
+    """A real ``python -m shard_worker`` process."""
+
+    def __init__(self, process: trio.Process, control: trio.lowlevel.FdStream, report) -> None:
+        self._process = process
+        self._control = control
+        self._report = report
+        self._decoder = Decoder()
+        self._pending: list[Message] = []
+        self._send_lock = trio.Lock()
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def send(self, msg: Message) -> None:
+        async with self._send_lock:
+            await self._control.send_all(encode(msg))
+
+    async def receive(self) -> Message | None:
+        while not self._pending:
+            if self._decoder.at_eof:
+                return None
+            data = await self._report.receive_some(_READ_SIZE)
+            self._decoder.feed(data)
+            self._pending.extend(self._decoder)
+        return self._pending.pop(0)
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    def signal(self, signum: int) -> None:
+        if self._process.returncode is None:
+            self._process.send_signal(signum)
+
+    async def close_control(self) -> None:
+        """EOF on the control pipe: the child flushes and exits within a second."""
+        await self._control.aclose()
+
+    async def aclose(self) -> None:
+        """Kill if still running, reap, close our pipe ends. Safe to call twice."""
+        with trio.CancelScope(shield=True):
+            self.signal(signal.SIGKILL)
+            await self._process.wait()
+            await self._control.aclose()
+            await self._report.aclose()
+
+
+async def spawn_child(
+    shard_id: str, *, argv: Sequence[str] | None = None, env: dict[str, str] | None = None
+) -> tuple[ChildProcess, trio.abc.ReceiveStream, trio.abc.ReceiveStream]:
+    """Start a child; returns it plus its stdout and stderr streams (for ``pump_output``)."""
+    control_r, control_w = os.pipe()
+    report_r, report_w = os.pipe()
+    command = list(argv or [sys.executable, "-m", "shard_worker"])
+    command += ["--control-fd", str(control_r), "--report-fd", str(report_w)]
+    try:
+        process = await trio.lowlevel.open_process(
+            command,
+            pass_fds=(control_r, report_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+    except BaseException:
+        for fd in (control_w, report_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(control_r)
+        os.close(report_w)
+    child = ChildProcess(
+        process, trio.lowlevel.FdStream(control_w), trio.lowlevel.FdStream(report_r)
+    )
+    log.debug("spawned child", extra={"shard": shard_id, "pid": process.pid})
+    assert process.stdout is not None and process.stderr is not None
+    return child, process.stdout, process.stderr
+
+
+async def pump_output(shard_id: str, pid: int, name: str, stream: trio.abc.ReceiveStream) -> None:
+    """Log each line the child writes on stdout/stderr, tagged with its shard; ends at EOF."""
+    buffer = bytearray()
+    while True:
+        data = await stream.receive_some(_READ_SIZE)
+        if not data:
+            break
+        buffer += data
+        while (newline := buffer.find(b"\n")) >= 0 or len(buffer) > MAX_LOG_LINE:
+            cut = newline if newline >= 0 else MAX_LOG_LINE
+            line = buffer[:cut].decode(errors="replace").rstrip()
+            del buffer[: cut + 1 if newline >= 0 else cut]
+            if line:
+                log.info("%s", line, extra={"shard": shard_id, "pid": pid, "fd": name})
+    if buffer.strip():
+        log.info("%s", buffer.decode(errors="replace").rstrip(), extra={"shard": shard_id})
+    await stream.aclose()
+
+
+__all__ = ["ChildHandle", "ChildProcess", "ProtocolError", "pump_output", "spawn_child"]

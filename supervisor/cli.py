@@ -1,0 +1,156 @@
+"""The ``shardvisor`` command line. Each subcommand is a thin shell around a library call.
+
+Exit codes are in ``supervisor.exit_codes`` (a public contract); a bad config file prints one
+line per problem and exits 78, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+import trio
+
+from supervisor import exit_codes
+from supervisor.config import Config
+from supervisor.config_loader import ConfigError, load_config, render_config
+from supervisor.logs import setup_logging
+from supervisor.store import LeaseStoreError
+
+log = logging.getLogger("shardvisor.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardvisor",
+        description="Keeps one worker process per leased stream shard alive across a fleet.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("-c", "--config", required=True, metavar="FILE", help="TOML config file")
+        return cmd
+
+    with_config("run", "run the supervisor (foreground; SIGTERM drains)")
+    with_config("check-config", "validate a config file and print the effective config")
+    with_config("init-table", "create the DynamoDB table if it does not exist")
+    status = with_config("status", "show workers and shards as the table has them")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    feed = sub.add_parser("feed", help="run the reference sequenced WebSocket feed")
+    feed.add_argument("--host", default="127.0.0.1")
+    feed.add_argument("--port", type=int, default=9000)
+    feed.add_argument("--streams", type=int, default=4, help="streams named s1..sN")
+    feed.add_argument("--rate", type=float, default=100.0, help="messages/s per stream")
+
+    demo = sub.add_parser("demo", help="3 supervisors, 6 shards, a kill and a drain, locally")
+    demo.add_argument("--workdir", default="", help="keep the demo's files here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "feed":
+        return _cmd_feed(args)
+    if args.command == "demo":
+        from supervisor.demo import run_demo
+
+        return run_demo(workdir=args.workdir)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            prefixed = problem.startswith(str(args.config))
+            print(problem if prefixed else f"{args.config}: {problem}", file=sys.stderr)
+        return exit_codes.CONFIG
+    if args.command == "check-config":
+        sys.stdout.write(render_config(config))
+        return exit_codes.OK
+    setup_logging(config.log.level)
+    handlers = {"run": _cmd_run, "init-table": _cmd_init_table, "status": _cmd_status}
+    try:
+        return handlers[args.command](config, args)
+    except LeaseStoreError as exc:
+        print(f"shardvisor: lease store: {exc}", file=sys.stderr)
+        return exit_codes.STORE_UNAVAILABLE
+
+
+def _store(config: Config):
+    from supervisor.dynamo_store import DynamoLeaseStore
+
+    db = config.dynamodb
+    return DynamoLeaseStore(db.table, db.region, db.endpoint_url)
+
+
+def _cmd_init_table(config: Config, args: argparse.Namespace) -> int:
+    created = trio.run(_store(config).ensure_table, True)
+    state = "created" if created else "already exists"
+    print(f"table {config.dynamodb.table}: {state}")
+    return exit_codes.OK
+
+
+def _cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from supervisor.status import fleet_status, render_table
+
+    store = _store(config)
+
+    async def read():
+        await store.ensure_table(False)
+        return await store.snapshot()
+
+    status = fleet_status(trio.run(read), config, time.time())
+    print(json.dumps(status, indent=2) if args.json else render_table(status))
+    return exit_codes.OK
+
+
+def _cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from supervisor.daemon import Supervisor
+    from supervisor.worker_id import resolve_worker_id
+
+    worker_id = resolve_worker_id(
+        config.worker.id, environ=os.environ, hostname=socket.gethostname(), pid=os.getpid()
+    )
+    setup_logging(config.log.level, worker_id)
+    supervisor = Supervisor(config, worker_id, _store(config))
+
+    async def main_task() -> int:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def forward_signals() -> None:
+                    async for signum in signals:
+                        log.info("received %s", signal.Signals(signum).name)
+                        supervisor.request_shutdown()
+
+                nursery.start_soon(forward_signals)
+                code = await supervisor.run()
+                nursery.cancel_scope.cancel()
+        return code
+
+    return trio.run(main_task)
+
+
+def _cmd_feed(args: argparse.Namespace) -> int:
+    from supervisor.feed import run_feed
+
+    try:
+        trio.run(run_feed, args.host, args.port, args.streams, args.rate)
+    except KeyboardInterrupt:
+        return exit_codes.OK
+    return exit_codes.OK
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,65 @@
+"""The configuration model: frozen, validated once by ``config_loader``, then passed around."""
+
+from __future__ import annotations
+
+import attrs
+
+from shard_worker.protocol import SinkSpec, StreamSpec
+
+
+@attrs.frozen
+class WorkerConfig:
+    id: str = ""  # "" = derive at start: ECS task id, else "<hostname>-<pid>"
+
+
+@attrs.frozen
+class DynamoConfig:
+    table: str = "shardvisor"
+    region: str = "us-east-1"
+    endpoint_url: str = ""  # "" = boto3's default (AWS_ENDPOINT_URL_DYNAMODB also works)
+    create_table: bool = True
+
+
+@attrs.frozen
+class LeaseConfig:
+    duration: float = 10.0
+    heartbeat_interval: float = 2.0
+    reconcile_interval: float = 2.0
+    # The owner stops writing at (heartbeat sent + duration - safety_margin). 0 = derive:
+    # a fifth of the duration, so a peer can never take a shard its old owner still writes.
+    safety_margin: float = 0.0
+
+    @property
+    def effective_safety_margin(self) -> float:
+        return self.safety_margin or self.duration / 5
+
+
+@attrs.frozen
+class SupervisorConfig:
+    shutdown_timeout: float = 20.0
+    checkpoint_interval: float = 1.0
+    restart_backoff_initial: float = 0.1
+    restart_backoff_max: float = 30.0
+    restart_reset_after: float = 60.0
+
+
+@attrs.frozen
+class LogConfig:
+    level: str = "info"  # debug | info | warning | error
+
+
+@attrs.frozen
+class ShardConfig:
+    id: str
+    streams: tuple[StreamSpec, ...]
+
+
+@attrs.frozen
+class Config:
+    worker: WorkerConfig = attrs.field(factory=WorkerConfig)
+    dynamodb: DynamoConfig = attrs.field(factory=DynamoConfig)
+    lease: LeaseConfig = attrs.field(factory=LeaseConfig)
+    supervisor: SupervisorConfig = attrs.field(factory=SupervisorConfig)
+    sink: SinkSpec = attrs.field(factory=SinkSpec)
+    log: LogConfig = attrs.field(factory=LogConfig)
+    shards: tuple[ShardConfig, ...] = ()

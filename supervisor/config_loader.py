@@ -1,0 +1,442 @@
+"""Read the TOML config file into ``supervisor.config.Config``, reporting every problem at once.
+
+Each problem is one line that starts with its key path (``shards[1].streams[0].url: ...``), so
+an operator can fix the whole file in one pass instead of meeting one error per restart.
+``render_config`` prints the effective config back as TOML that this module reads again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from shard_worker.protocol import SinkSpec, StreamSpec
+from supervisor.config import (
+    Config,
+    DynamoConfig,
+    LeaseConfig,
+    LogConfig,
+    ShardConfig,
+    SupervisorConfig,
+    WorkerConfig,
+)
+from supervisor.durations import format_duration, parse_duration
+
+_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log", "shards")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+_SINK_KINDS = ("jsonl",)
+_SINK_PLACEHOLDERS = ("shard", "stream", "epoch", "worker")
+_URL_PLACEHOLDERS = ("after", "shard", "stream", "epoch", "worker")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_DURATION_EXPECTED = 'expected a duration (number of seconds or a string like "250ms", "10s", "2m")'
+_UNIQUE_STREAMS_WHY = (
+    "; stream ids must be unique across all shards because sink files and checkpoints"
+    " are keyed by stream"
+)
+
+
+class ConfigError(Exception):
+    """The config is unusable. ``problems`` has one line per problem; ``source`` names the file."""
+
+    def __init__(self, problems: Sequence[str], source: str = "<config>") -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__("\n".join(self.problems))
+
+
+class _Invalid(Exception):
+    """A value failed its check; the message follows the key path in the problem line."""
+
+
+Check = Callable[[Any], Any]
+
+
+# --- Value checks: each returns the converted value or raises _Invalid -------------------------
+
+
+def _show(value: object) -> str:
+    """A value as the operator wrote it (TOML's true/false, not Python's True/False)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str | int | float):
+        return repr(value)
+    return f"a date/time ({value})"
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"expected a string, got {_show(value)}")
+    return value
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected true or false, got {_show(value)}")
+    return value
+
+
+def _duration(*, allow_zero: bool = False) -> Check:
+    def check(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise _Invalid(f"{_DURATION_EXPECTED}, got {_show(value)}")
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+        if seconds == 0 and not allow_zero:
+            raise _Invalid(f"must be greater than 0 (got {_show(value)})")
+        return seconds
+
+    return check
+
+
+def _matching(pattern: str, must: str) -> Check:
+    compiled = re.compile(pattern)
+
+    def check(value: object) -> str:
+        text = _string(value)
+        if not compiled.fullmatch(text):
+            raise _Invalid(f"must {must} (got {text!r})")
+        return text
+
+    return check
+
+
+def _one_of(options: Sequence[str]) -> Check:
+    def check(value: object) -> str:
+        text = _string(value)
+        if text not in options:
+            raise _Invalid(f"must be one of {', '.join(options)} (got {text!r})")
+        return text
+
+    return check
+
+
+def _check_placeholders(text: str, allowed: Sequence[str]) -> None:
+    bad = sorted({m.group(0) for m in _PLACEHOLDER.finditer(text) if m.group(1) not in allowed})
+    if bad:
+        known = " ".join(f"{{{name}}}" for name in allowed)
+        raise _Invalid(f"unknown placeholder {', '.join(bad)} (allowed: {known})")
+
+
+def _templated(value: object) -> str:
+    text = _string(value)
+    _check_placeholders(text, _URL_PLACEHOLDERS)
+    return text
+
+
+def _stream_url(value: object) -> str:
+    text = _string(value)
+    if not text.startswith(("ws://", "wss://")):
+        raise _Invalid(f"must start with ws:// or wss:// (got {text!r})")
+    return _templated(text)
+
+
+def _sink_path(value: object) -> str:
+    text = _string(value)
+    if not text:
+        raise _Invalid("must not be empty")
+    _check_placeholders(text, _SINK_PLACEHOLDERS)
+    missing = [p for p in ("{stream}", "{epoch}") if p not in text]
+    if missing:
+        raise _Invalid(
+            f"must contain {{stream}} and {{epoch}} (missing {' and '.join(missing)}): each"
+            " stream of each lease epoch needs its own file, so a shard's new owner never"
+            " appends to a file that its previous owner may still be writing"
+        )
+    return text
+
+
+_ID = _matching(r"[A-Za-z0-9_.:-]+", "be non-empty and use only A-Z a-z 0-9 _ . : -")
+
+_CHECKS: dict[str, dict[str, Check]] = {
+    "worker": {
+        "id": _matching(
+            r"(?:[A-Za-z0-9_.:-]{1,128})?",
+            'be "" (derive at start) or 1-128 characters of A-Z a-z 0-9 _ . : -',
+        ),
+    },
+    "dynamodb": {
+        "table": _matching(r"[A-Za-z0-9_.-]{3,255}", "be 3-255 characters of A-Z a-z 0-9 _ . -"),
+        "region": _string,
+        "endpoint_url": _matching(r"(?:https?://.+)?", 'be "" or start with http:// or https://'),
+        "create_table": _boolean,
+    },
+    "lease": {
+        "duration": _duration(),
+        "heartbeat_interval": _duration(),
+        "reconcile_interval": _duration(),
+        "safety_margin": _duration(allow_zero=True),
+    },
+    "supervisor": {
+        "shutdown_timeout": _duration(),
+        "checkpoint_interval": _duration(),
+        "restart_backoff_initial": _duration(),
+        "restart_backoff_max": _duration(),
+        "restart_reset_after": _duration(),
+    },
+    "sink": {"kind": _one_of(_SINK_KINDS), "path": _sink_path, "fsync": _boolean},
+    "log": {"level": _one_of(_LOG_LEVELS)},
+}
+_STREAM_CHECKS: dict[str, Check] = {
+    "url": _stream_url,
+    "sequence": _matching(
+        r"(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)?",
+        'be "" or a dotted path of identifiers like "seq" or "meta.seq"',
+    ),
+    "subscribe": _templated,
+}
+
+
+# --- Walking the tables --------------------------------------------------------------------
+
+
+def _key_path(path: str, key: str) -> str:
+    shown = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return f"{path}.{shown}" if path else shown
+
+
+def _unknown_key(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"unknown key (did you mean {close[0]!r}?)"
+    return f"unknown key (known keys: {', '.join(known)})"
+
+
+@attrs.define
+class _Reader:
+    """Collects problems while the sections are read, so all of them are reported together."""
+
+    problems: list[str] = attrs.Factory(list)
+
+    def report(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def table(self, value: object, path: str, known: Sequence[str]) -> dict[str, Any] | None:
+        """The table at ``path`` with unknown keys reported, or None if it is not a table."""
+        if not isinstance(value, dict):
+            self.report(path, f"expected a table, got {_show(value)}")
+            return None
+        for key in value:
+            if key not in known:
+                self.report(_key_path(path, key), _unknown_key(key, known))
+        return value
+
+    def fields(
+        self, table: Mapping[str, Any], path: str, checks: Mapping[str, Check]
+    ) -> tuple[dict[str, Any], set[str]]:
+        """Checked values of the keys present, and the names of the keys that failed."""
+        values: dict[str, Any] = {}
+        bad: set[str] = set()
+        for key, check in checks.items():
+            if key in table:
+                try:
+                    values[key] = check(table[key])
+                except _Invalid as exc:
+                    self.report(f"{path}.{key}", str(exc))
+                    bad.add(key)
+        return values, bad
+
+    def section(self, data: Mapping[str, Any], name: str) -> tuple[dict[str, Any], set[str]]:
+        checks = _CHECKS[name]
+        table = self.table(data.get(name, {}), name, list(checks))
+        return self.fields(table or {}, name, checks)
+
+
+def _lease(reader: _Reader, data: Mapping[str, Any]) -> LeaseConfig:
+    """Cross-key rules run only on keys that passed their own checks (no follow-on noise)."""
+    values, bad = reader.section(data, "lease")
+    lease = LeaseConfig(**values)
+    duration, heartbeat, margin = lease.duration, lease.heartbeat_interval, lease.safety_margin
+    d, hb = format_duration(duration), format_duration(heartbeat)
+    if bad.isdisjoint({"duration", "heartbeat_interval"}) and heartbeat > duration / 3:
+        problem = f"must be at most lease.duration / 3 (got {hb} with duration {d})"
+        reader.report("lease.heartbeat_interval", problem)
+    reconcile = lease.reconcile_interval
+    if bad.isdisjoint({"duration", "reconcile_interval"}) and reconcile > duration:
+        problem = (
+            f"must be at most lease.duration (got {format_duration(reconcile)} with duration {d})"
+        )
+        reader.report("lease.reconcile_interval", problem)
+    margin_ok = not margin or margin < duration - heartbeat  # 0 = derived, always fits
+    if bad.isdisjoint({"duration", "heartbeat_interval", "safety_margin"}) and not margin_ok:
+        problem = (
+            "must be less than lease.duration - lease.heartbeat_interval"
+            f" (got {format_duration(margin)} with duration {d} and heartbeat_interval {hb})"
+        )
+        reader.report("lease.safety_margin", problem)
+    return lease
+
+
+def _supervisor(reader: _Reader, data: Mapping[str, Any]) -> SupervisorConfig:
+    values, bad = reader.section(data, "supervisor")
+    sup = SupervisorConfig(**values)
+    initial, maximum = sup.restart_backoff_initial, sup.restart_backoff_max
+    if bad.isdisjoint({"restart_backoff_initial", "restart_backoff_max"}) and initial > maximum:
+        problem = (
+            "must be at most supervisor.restart_backoff_max"
+            f" (got {format_duration(initial)} with restart_backoff_max {format_duration(maximum)})"
+        )
+        reader.report("supervisor.restart_backoff_initial", problem)
+    return sup
+
+
+def _unique_id(
+    reader: _Reader, table: Mapping[str, Any], path: str, seen: dict[str, str], what: str
+) -> str | None:
+    """The checked id of a shard or stream; ``seen`` maps ids to where they first appeared."""
+    key = f"{path}.id"
+    if "id" not in table:
+        reader.report(key, f"missing (every {what} needs an id)")
+        return None
+    try:
+        ident = _ID(table["id"])
+    except _Invalid as exc:
+        reader.report(key, str(exc))
+        return None
+    if ident in seen:
+        why = _UNIQUE_STREAMS_WHY if what == "stream" else ""
+        reader.report(key, f"duplicate {what} id {ident!r} (also at {seen[ident]}){why}")
+        return None
+    seen[ident] = key
+    return ident
+
+
+def _array_of_tables(reader: _Reader, value: object, path: str, header: str) -> list[Any] | None:
+    if not isinstance(value, list):
+        reader.report(path, f"expected an array of tables ({header}), got {_show(value)}")
+        return None
+    return value
+
+
+def _streams(
+    reader: _Reader, shard: Mapping[str, Any], path: str, seen: dict[str, str]
+) -> tuple[StreamSpec, ...]:
+    value = shard.get("streams", [])
+    items = _array_of_tables(reader, value, f"{path}.streams", "[[shards.streams]]")
+    if items is None:
+        return ()
+    if not items:
+        reader.report(f"{path}.streams", "a shard needs at least one [[shards.streams]] table")
+    streams = []
+    for index, item in enumerate(items):
+        stream_path = f"{path}.streams[{index}]"
+        table = reader.table(item, stream_path, ["id", *_STREAM_CHECKS])
+        if table is None:
+            continue
+        ident = _unique_id(reader, table, stream_path, seen, "stream")
+        values, _ = reader.fields(table, stream_path, _STREAM_CHECKS)
+        if "url" not in table:
+            reader.report(
+                f"{stream_path}.url", "missing (every stream needs a ws:// or wss:// url)"
+            )
+        if ident is not None and "url" in values:
+            streams.append(StreamSpec(id=ident, **values))
+    return tuple(streams)
+
+
+def _shards(reader: _Reader, data: Mapping[str, Any]) -> tuple[ShardConfig, ...]:
+    shard_ids: dict[str, str] = {}
+    stream_ids: dict[str, str] = {}
+    shards = []
+    items = _array_of_tables(reader, data.get("shards", []), "shards", "[[shards]]")
+    for index, item in enumerate(items or []):
+        path = f"shards[{index}]"
+        table = reader.table(item, path, ["id", "streams"])
+        if table is None:
+            continue
+        ident = _unique_id(reader, table, path, shard_ids, "shard")
+        streams = _streams(reader, table, path, stream_ids)
+        if ident is not None:
+            shards.append(ShardConfig(id=ident, streams=streams))
+    return tuple(shards)
+
+
+# --- Public API --------------------------------------------------------------------------------
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    """Validate the parsed TOML document; raise ConfigError listing every problem found."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: expected a table of sections, got {_show(data)}"], source)
+    reader = _Reader()
+    reader.table(data, "", _SECTIONS)
+    worker, _ = reader.section(data, "worker")
+    dynamodb, _ = reader.section(data, "dynamodb")
+    lease = _lease(reader, data)
+    supervisor = _supervisor(reader, data)
+    sink, _ = reader.section(data, "sink")
+    log, _ = reader.section(data, "log")
+    config = Config(
+        worker=WorkerConfig(**worker),
+        dynamodb=DynamoConfig(**dynamodb),
+        lease=lease,
+        supervisor=supervisor,
+        sink=SinkSpec(**sink),
+        log=LogConfig(**log),
+        shards=_shards(reader, data),
+    )
+    if reader.problems:
+        raise ConfigError(reader.problems, source)
+    return config
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a TOML config file; every failure is a ConfigError naming the file."""
+    name = os.fspath(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"{name}: cannot read: {exc.strerror or exc}"], name) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{name}: not UTF-8 text: {exc}"], name) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{name}: invalid TOML: {exc}"], name) from exc
+    return parse_config(data, source=name)
+
+
+def _toml_value(value: object) -> str:
+    """TOML text for a model value; every float in the model is a duration in seconds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float | int):
+        value = format_duration(value)
+    # JSON escapes are TOML escapes, except that TOML also forbids a raw DEL character.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_table(header: str, obj: object, skip: Sequence[str] = ()) -> list[str]:
+    lines = [header]
+    for field in attrs.fields(type(obj)):
+        if field.name not in skip:
+            lines.append(f"{field.name} = {_toml_value(getattr(obj, field.name))}")
+    return [*lines, ""]
+
+
+def render_config(config: Config) -> str:
+    """The effective config as TOML: every key, defaults filled in, readable by parse_config."""
+    lines = ["# Effective shardvisor configuration (every key, defaults filled in).", ""]
+    for name in _SECTIONS[:-1]:
+        lines += _toml_table(f"[{name}]", getattr(config, name))
+    if not config.shards:
+        lines.append("# No [[shards]]: shards may be registered later.")
+    for shard in config.shards:
+        lines += _toml_table("[[shards]]", shard, skip=["streams"])
+        for stream in shard.streams:
+            lines += _toml_table("[[shards.streams]]", stream)
+    return "\n".join(lines).rstrip("\n") + "\n"

@@ -1,0 +1,305 @@
+"""The supervisor's driver: heartbeat, reconcile, lease watchdog and drain, as trio loops.
+
+Only this module (and the runners) read the clock or sleep; every decision comes from
+``lease_core`` and ``restart_policy``. One ``Supervisor`` per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+import trio
+
+from supervisor import exit_codes
+from supervisor.child_process import spawn_child
+from supervisor.config import Config, ShardConfig
+from supervisor.lease_core import OwnLease, PeerTracker, plan_round
+from supervisor.shard_runner import RunnerContext, ShardRunner, Spawn
+from supervisor.store import (
+    LeaseConflict,
+    LeaseStore,
+    LeaseStoreError,
+    StoreUnavailable,
+    TableMissing,
+    WorkerIdTaken,
+    WorkerItem,
+)
+
+log = logging.getLogger("shardvisor.supervisor")
+
+STARTUP_RETRY_FOR = 10.0  # keep trying an unreachable store this long before exit 75
+
+
+async def default_spawn(shard_id: str):
+    child, out, err = await spawn_child(shard_id)
+    return child, [("stdout", out), ("stderr", err)]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        worker_id: str,
+        store: LeaseStore,
+        *,
+        spawn: Spawn = default_spawn,
+        now: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.store = store
+        self.session = uuid.uuid4().hex
+        self.now, self.wall = now, wall
+        lease = config.lease
+        self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
+        self.tracker = PeerTracker(lease.duration)
+        self.ctx = RunnerContext(config, worker_id, store, self.lease, spawn, now)
+        self.runners: dict[str, ShardRunner] = {}
+        self.recently_shed: dict[str, float] = {}
+        self.state = "starting"  # starting | running | draining | stopped
+        self.exit_code = exit_codes.OK
+        self._shutdown = trio.Event()
+        self._fast = False
+        self._nursery: trio.Nursery | None = None
+        self._shards = {s.id: s for s in config.shards}
+
+    # --- control -------------------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        """First call drains gracefully; a second call takes the fast path."""
+        if self._shutdown.is_set():
+            if not self._fast:
+                log.warning("second stop signal: fast shutdown")
+                self._fast = True
+                for runner in list(self.runners.values()):
+                    runner.request_stop("fast shutdown", 0.0)
+            return
+        self._shutdown.set()
+
+    # --- main ----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> int:
+        try:
+            await self._start_up()
+        except TableMissing as exc:
+            log.error("%s", exc)
+            return exit_codes.STORE_UNAVAILABLE
+        except StoreUnavailable as exc:
+            log.error("lease store unreachable at start-up: %s", exc)
+            return exit_codes.STORE_UNAVAILABLE
+        self.state = "running"
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self._reconcile_loop)
+            nursery.start_soon(self._lease_watchdog)
+            task_status.started()
+            await self._shutdown.wait()
+            await self._drain()
+            nursery.cancel_scope.cancel()
+        self.state = "stopped"
+        return self.exit_code
+
+    async def _start_up(self) -> None:
+        deadline = self.now() + STARTUP_RETRY_FOR
+        delay = 0.2
+        while True:
+            try:
+                await self._register()
+                return
+            except StoreUnavailable as exc:
+                if self.now() + delay > deadline:
+                    raise
+                log.warning("lease store unreachable, retrying in %.1fs: %s", delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _register(self) -> None:
+        created = await self.store.ensure_table(self.config.dynamodb.create_table)
+        if created:
+            log.info("created table %s", self.config.dynamodb.table)
+        for shard_id in self._shards:
+            await self.store.ensure_shard(shard_id)
+        sent = self.now()
+        wall = self.wall()
+        item = WorkerItem(
+            id=self.worker_id,
+            session=self.session,
+            counter=0,
+            state="running",
+            heartbeat_at=wall,
+            started_at=wall,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        await self.store.register_worker(item)
+        self.lease.heartbeat_succeeded(sent)
+        log.info(
+            "registered worker %s with %d configured shards",
+            self.worker_id,
+            len(self._shards),
+            extra={"worker": self.worker_id},
+        )
+
+    # --- loops ---------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.lease.heartbeat_interval
+        while True:
+            sent = self.now()
+            await self._heartbeat_once(sent)
+            await trio.sleep(max(0.0, sent + interval - self.now()))
+
+    async def _heartbeat_once(self, sent: float) -> None:
+        state = "draining" if self._shutdown.is_set() else "running"
+        try:
+            with trio.fail_after(self.config.lease.duration / 2):
+                await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
+        except (StoreUnavailable, trio.TooSlowError) as exc:
+            log.warning("heartbeat failed: %s", exc or "timed out")
+            return
+        except WorkerIdTaken:
+            log.error(
+                "worker id %s is now used by another process: stopping all shards", self.worker_id
+            )
+            self._lose_all("worker id taken over by another process")
+            self.exit_code = exit_codes.CONFIG
+            self.request_shutdown()
+            return
+        if not self.lease.is_valid(sent):
+            # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
+            # peers may own our shards now. Never extend a fence across that gap.
+            self._lose_all("own lease lapsed before the heartbeat")
+        self.lease.heartbeat_succeeded(sent)
+        deadline = self.lease.valid_until
+        for runner in list(self.runners.values()):
+            await runner.fence(deadline)
+
+    async def _lease_watchdog(self) -> None:
+        while True:
+            remaining = self.lease.valid_until - self.now()
+            if remaining <= 0:
+                if self.runners:
+                    self._lose_all("own lease expired: heartbeats are failing")
+                await trio.sleep(self.config.lease.heartbeat_interval / 4)
+            else:
+                await trio.sleep(remaining)
+
+    def _lose_all(self, reason: str) -> None:
+        for runner in list(self.runners.values()):
+            runner.lose(reason)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            try:
+                await self._reconcile_once()
+            except StoreUnavailable as exc:
+                log.warning("reconcile skipped: %s", exc)
+            await trio.sleep(self.config.lease.reconcile_interval)
+
+    async def _reconcile_once(self) -> None:
+        snapshot = await self.store.snapshot()
+        now = self.now()
+        self.tracker.observe(snapshot.workers, now)
+        accepting = not self._shutdown.is_set() and self.lease.is_valid(now)
+        active = {sid: r for sid, r in self.runners.items() if not r.lost}
+        plan = plan_round(
+            me=self.worker_id,
+            held={sid: r.epoch for sid, r in active.items()},
+            held_since={sid: r.taken_at for sid, r in active.items()},
+            shards=snapshot.shards,
+            configured=self._shards,
+            tracker=self.tracker,
+            now=now,
+            accepting=accepting,
+            min_dwell=self.config.lease.duration,
+            recently_shed=self.recently_shed,
+        )
+        for shard_id in plan.lost:
+            self.runners[shard_id].lose("the table shows another owner or epoch")
+        for shard_id in plan.shed:
+            log.info("handing off for balance", extra={"shard": shard_id})
+            self.recently_shed[shard_id] = now
+            self.runners[shard_id].request_stop("rebalance", self._stop_grace())
+        for take in plan.take:
+            if take.shard_id in self.runners or not self.lease.is_valid(self.now()):
+                continue
+            await self._take(self._shards[take.shard_id], take.expected_owner, take.expected_epoch)
+
+    async def _take(self, shard: ShardConfig, expected_owner: str, expected_epoch: int) -> None:
+        try:
+            item = await self.store.take(
+                shard.id, self.worker_id, expected_owner, expected_epoch, self.wall()
+            )
+        except LeaseConflict:
+            log.debug("lost the race for %s", shard.id)
+            return
+        previous = expected_owner or "nobody"
+        log.info(
+            "took shard from %s at epoch %d",
+            previous,
+            item.epoch,
+            extra={"shard": shard.id, "epoch": item.epoch, "checkpoint": item.checkpoint},
+        )
+        runner = ShardRunner(self.ctx, shard, item.epoch, dict(item.checkpoint), self.now())
+        self.runners[shard.id] = runner
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_runner, runner)
+
+    async def _run_runner(self, runner: ShardRunner) -> None:
+        try:
+            await runner.run()
+        finally:
+            if self.runners.get(runner.shard_id) is runner:
+                del self.runners[runner.shard_id]
+            if runner.crash_looped:
+                # Released for another host to try; we keep our hands off it for a while.
+                self.recently_shed[runner.shard_id] = self.now()
+
+    # --- drain ---------------------------------------------------------------------------------
+
+    def _stop_grace(self) -> float:
+        """Time a child gets to flush; the rest of shutdown_timeout covers SIGTERM and release."""
+        return max(0.5, self.config.supervisor.shutdown_timeout / 2)
+
+    async def _drain(self) -> None:
+        self.state = "draining"
+        started = self.now()
+        log.info("draining %d shards", len(self.runners))
+        for runner in list(self.runners.values()):
+            runner.request_stop("shutdown", 0.0 if self._fast else self._stop_grace())
+        budget = self.config.supervisor.shutdown_timeout - 1.0
+        with trio.move_on_after(max(budget, 0.5)) as scope:
+            while self.runners:
+                await trio.sleep(0.02)
+        if scope.cancelled_caught:
+            log.error("drain overran shutdown_timeout; %d shards left", len(self.runners))
+            self.exit_code = self.exit_code or exit_codes.INTERNAL
+        try:
+            with trio.move_on_after(2.0):
+                await self.store.retire_worker(self.worker_id, self.session, self.wall())
+        except LeaseStoreError as exc:
+            log.warning("could not mark the worker stopped: %s", exc)
+        log.info("drained in %.2fs", self.now() - started)
+
+    # --- status --------------------------------------------------------------------------------
+
+    def local_status(self) -> dict:
+        return {
+            "worker": self.worker_id,
+            "state": self.state,
+            "lease_valid_for_s": round(self.lease.valid_until - self.now(), 3),
+            "shards": {
+                sid: {"state": r.state, "epoch": r.epoch, "restarts": r.restarts}
+                for sid, r in sorted(self.runners.items())
+            },
+        }
+
+
+__all__ = ["Supervisor", "default_spawn"]

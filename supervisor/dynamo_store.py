@@ -1,0 +1,456 @@
+"""The lease store on DynamoDB: boto3's low-level client, each request in a trio worker thread.
+
+Every request goes through ``DynamoLeaseStore._request``, the one place that counts it, bounds
+the concurrency and maps botocore's errors to the store's, so callers only see LeaseStoreErrors.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import boto3
+import botocore.loaders
+import botocore.session
+import trio
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from supervisor.store import (
+    LeaseConflict,
+    LeaseStoreError,
+    ShardItem,
+    Snapshot,
+    StoreUnavailable,
+    TableMissing,
+    WorkerIdTaken,
+    WorkerItem,
+)
+
+log = logging.getLogger("shardvisor.store")
+
+T = TypeVar("T")
+AttributeValue = dict[str, Any]  # typed, as the low-level client speaks: {"S": "x"}, {"N": "1"}
+Item = dict[str, AttributeValue]
+
+_THROTTLING = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+_ACTIVE_DEADLINE = 30.0  # seconds for a new table to become ACTIVE
+_REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
+_SAME_OWNER_AND_EPOCH = "#owner = :me AND #epoch = :epoch"
+
+
+def _client_config(max_concurrency: int) -> Config:
+    # Short timeouts: a lease store that does not answer within seconds is as good as down,
+    # and the caller must learn it well before its leases run out.
+    return Config(
+        connect_timeout=1,
+        read_timeout=3,
+        retries={"mode": "standard", "max_attempts": 3},
+        max_pool_connections=max(max_concurrency, 1),
+    )
+
+
+@functools.cache
+def _data_loader() -> botocore.loaders.Loader:
+    """Parse botocore's service models once per process, not once per store (~60 ms each)."""
+    return botocore.loaders.create_loader()
+
+
+def _make_client(region: str, endpoint_url: str, max_concurrency: int) -> Any:
+    """One client per store; dummy credentials for a local endpoint when boto3 has none."""
+    core = botocore.session.get_session()  # a fresh session: credentials as of now
+    core.register_component("data_loader", _data_loader())
+    session = boto3.session.Session(region_name=region, botocore_session=core)
+    kwargs: dict[str, Any] = {}
+    if endpoint_url:
+        kwargs["endpoint_url"] = endpoint_url
+        if session.get_credentials() is None:
+            # Local DynamoDB servers check the signature's presence, not the credentials.
+            log.debug("no AWS credentials found; using dummy ones for %s", endpoint_url)
+            kwargs.update(aws_access_key_id="local", aws_secret_access_key="local")
+    return session.client("dynamodb", config=_client_config(max_concurrency), **kwargs)
+
+
+# --- AttributeValue conversions -------------------------------------------------------------
+
+
+def _s(value: str) -> AttributeValue:
+    return {"S": value}
+
+
+def _n(value: float) -> AttributeValue:
+    return {"N": str(value) if isinstance(value, int) else repr(float(value))}
+
+
+def _checkpoint_value(checkpoint: Mapping[str, int]) -> AttributeValue:
+    return {"M": {stream: {"N": str(int(pos))} for stream, pos in checkpoint.items()}}
+
+
+def _names(*names: str) -> dict[str, str]:
+    """ExpressionAttributeNames for every attribute: `owner`, `state`... are reserved words."""
+    return {f"#{name}": name for name in names}
+
+
+def _key(kind: str, item_id: str) -> Item:
+    return {"pk": _s(f"{kind}#{item_id}")}
+
+
+def _with_strings(item: Item, **strings: str) -> Item:
+    """Add the non-empty strings only: dynalite rejects empty ones, and absent reads back as ""."""
+    item.update({name: _s(value) for name, value in strings.items() if value})
+    return item
+
+
+def _worker_item(worker: WorkerItem) -> Item:
+    item = {
+        **_key("worker", worker.id),
+        "kind": _s("worker"),
+        "id": _s(worker.id),
+        "counter": _n(worker.counter),
+        "heartbeat_at": _n(worker.heartbeat_at),
+        "started_at": _n(worker.started_at),
+        "pid": _n(worker.pid),
+    }
+    return _with_strings(item, session=worker.session, state=worker.state, host=worker.host)
+
+
+def _new_shard_item(shard_id: str) -> Item:
+    return {
+        **_key("shard", shard_id),
+        "kind": _s("shard"),
+        "id": _s(shard_id),
+        "epoch": _n(0),
+        "checkpoint": _checkpoint_value({}),
+    }
+
+
+def _str(item: Item, name: str) -> str:
+    return str(item[name]["S"]) if name in item else ""
+
+
+def _int(item: Item, name: str) -> int:
+    return int(item[name]["N"]) if name in item else 0
+
+
+def _float(item: Item, name: str) -> float:
+    return float(item[name]["N"]) if name in item else 0.0
+
+
+@contextlib.contextmanager
+def _decoding(item: Item) -> Iterator[None]:
+    """A malformed item is the store's fault, not a crash of the caller."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError) as exc:
+        raise LeaseStoreError(f"malformed item {item.get('pk')!r}: {exc!r}") from exc
+
+
+def _worker_from(item: Item) -> WorkerItem:
+    with _decoding(item):
+        return WorkerItem(
+            id=_str(item, "id"),
+            session=_str(item, "session"),
+            counter=_int(item, "counter"),
+            state=_str(item, "state"),
+            heartbeat_at=_float(item, "heartbeat_at"),
+            started_at=_float(item, "started_at"),
+            host=_str(item, "host"),
+            pid=_int(item, "pid"),
+        )
+
+
+def _shard_from(item: Item) -> ShardItem:
+    with _decoding(item):
+        checkpoint = item.get("checkpoint", {"M": {}})["M"]
+        return ShardItem(
+            id=_str(item, "id"),
+            owner=_str(item, "owner"),
+            epoch=_int(item, "epoch"),
+            checkpoint={stream: int(pos["N"]) for stream, pos in checkpoint.items()},
+            owner_since=_float(item, "owner_since"),
+            state=_str(item, "state"),
+        )
+
+
+class DynamoLeaseStore:
+    """The LeaseStore on one DynamoDB table (see supervisor/store.py for the items' semantics)."""
+
+    def __init__(
+        self, table: str, region: str, endpoint_url: str = "", *, max_concurrency: int = 8
+    ) -> None:
+        self.table = table
+        self.region = region
+        self._client = _make_client(region, endpoint_url, max_concurrency)
+        self.endpoint = str(self._client.meta.endpoint_url)
+        self._limiter = trio.CapacityLimiter(max_concurrency)
+        # DynamoDB requests made, per store method (snapshot counts one per page).
+        self.request_counts: collections.Counter[str] = collections.Counter()
+
+    def __repr__(self) -> str:
+        return f"DynamoLeaseStore({self.table!r}, {self.region!r}, {self.endpoint!r})"
+
+    async def _request(self, op: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """Run one blocking client call in a worker thread, mapping its errors once.
+
+        abandon_on_cancel: a cancelled caller (shutdown, a lease deadline) returns at once
+        instead of waiting out the read timeout and retries; the thread keeps its limiter
+        token until the call really ends, so the concurrency stays bounded.
+        """
+        self.request_counts[op] += 1
+        try:
+            return await trio.to_thread.run_sync(
+                functools.partial(fn, **kwargs), limiter=self._limiter, abandon_on_cancel=True
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self._translate(op, exc) from exc
+
+    def _translate(self, op: str, exc: ClientError | BotoCoreError) -> LeaseStoreError:
+        """The one mapping from botocore's errors to the store's."""
+        if isinstance(exc, BotoCoreError):
+            return StoreUnavailable(f"{op}: {self.endpoint} unreachable: {exc}")
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code == "ConditionalCheckFailedException":
+            return LeaseConflict(f"{op}: condition failed on table {self.table}")
+        if code == "ResourceNotFoundException":
+            return TableMissing(
+                f"table {self.table} does not exist in {self.region} at {self.endpoint}; "
+                "run `shardvisor init-table` or set dynamodb.create_table = true"
+            )
+        if code in _THROTTLING or status >= 500:
+            return StoreUnavailable(
+                f"{op}: {self.endpoint} refused for now: {code} (HTTP {status})"
+            )
+        return LeaseStoreError(f"{op}: {self.endpoint} failed: {code}: {error.get('Message', '')}")
+
+    # --- table ------------------------------------------------------------------------------
+
+    async def ensure_table(self, create: bool) -> bool:
+        try:
+            status = await self._table_status()
+        except TableMissing:
+            if not create:
+                raise
+            created = await self._request("ensure_table", self._create_table)
+            status = ""
+        else:
+            created = False
+        if status != "ACTIVE":
+            await self._wait_active()
+        return created
+
+    async def _table_status(self) -> str:
+        response = await self._request(
+            "ensure_table", self._client.describe_table, TableName=self.table
+        )
+        return str(response["Table"]["TableStatus"])
+
+    def _create_table(self) -> bool:
+        """CreateTable (in a worker thread). False if a peer created it concurrently."""
+        try:
+            self._client.create_table(
+                TableName=self.table,
+                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
+                return False
+            raise
+        return True
+
+    async def _wait_active(self) -> None:
+        delay = 0.02
+        with trio.move_on_after(_ACTIVE_DEADLINE):
+            while await self._table_status() != "ACTIVE":
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            return
+        raise StoreUnavailable(
+            f"table {self.table} at {self.endpoint} not ACTIVE after {_ACTIVE_DEADLINE:.0f} s"
+        )
+
+    # --- workers ----------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        for _ in range(_REGISTER_ATTEMPTS):
+            response = await self._request(
+                "register_worker",
+                self._client.get_item,
+                TableName=self.table,
+                Key=_key("worker", worker.id),
+                ConsistentRead=True,
+            )
+            old = response.get("Item")
+            if old is None:
+                new, condition = worker, {"ConditionExpression": "attribute_not_exists(pk)"}
+            else:
+                # Counters never go backwards: peers watching ours must see it change.
+                counter = max(worker.counter, _worker_from(old).counter + 1)
+                new = attrs.evolve(worker, counter=counter)
+                condition = {
+                    "ConditionExpression": "#counter = :old",
+                    "ExpressionAttributeNames": _names("counter"),
+                    "ExpressionAttributeValues": {":old": old.get("counter", _n(0))},
+                }
+            try:
+                await self._request(
+                    "register_worker",
+                    self._client.put_item,
+                    TableName=self.table,
+                    Item=_worker_item(new),
+                    **condition,
+                )
+            except LeaseConflict:
+                continue  # a heartbeat of the earlier incarnation came between: read again
+            return new
+        raise LeaseConflict(
+            f"register_worker: worker item {worker.id} kept changing; "
+            f"gave up after {_REGISTER_ATTEMPTS} attempts"
+        )
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        response = await self._update_own_worker("heartbeat", worker_id, session, state, wall_now)
+        return int(response["Attributes"]["counter"]["N"])
+
+    async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
+        await self._update_own_worker("retire_worker", worker_id, session, "stopped", wall_now)
+
+    async def _update_own_worker(
+        self, op: str, worker_id: str, session: str, state: str, wall_now: float
+    ) -> dict[str, Any]:
+        """Counter + 1 with a new state, if the item still carries our session."""
+        try:
+            return await self._request(
+                op,
+                self._client.update_item,
+                TableName=self.table,
+                Key=_key("worker", worker_id),
+                UpdateExpression=(
+                    "SET #counter = #counter + :one, #state = :state, #heartbeat_at = :now"
+                ),
+                ConditionExpression="#session = :session",
+                ExpressionAttributeNames=_names("counter", "state", "heartbeat_at", "session"),
+                ExpressionAttributeValues={
+                    ":one": _n(1),
+                    ":state": _s(state),
+                    ":now": _n(wall_now),
+                    ":session": _s(session),
+                },
+                ReturnValues="UPDATED_NEW",
+            )
+        except LeaseConflict as exc:
+            raise WorkerIdTaken(
+                f"worker item {worker_id} no longer carries session {session} "
+                "(another process registered this worker id, or the item is gone)"
+            ) from exc
+
+    # --- shards -----------------------------------------------------------------------------
+
+    async def ensure_shard(self, shard_id: str) -> None:
+        # Already there: keep its owner, epoch and checkpoint.
+        with contextlib.suppress(LeaseConflict):
+            await self._request(
+                "ensure_shard",
+                self._client.put_item,
+                TableName=self.table,
+                Item=_new_shard_item(shard_id),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+
+    async def snapshot(self) -> Snapshot:
+        workers: list[WorkerItem] = []
+        shards: list[ShardItem] = []
+        kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
+        while True:
+            page = await self._request("snapshot", self._client.scan, **kwargs)
+            for item in page.get("Items", []):
+                kind = _str(item, "kind")
+                if kind == "worker":
+                    workers.append(_worker_from(item))
+                elif kind == "shard":
+                    shards.append(_shard_from(item))
+            if not page.get("LastEvaluatedKey"):
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return Snapshot(
+            workers=tuple(sorted(workers, key=lambda w: w.id)),
+            shards=tuple(sorted(shards, key=lambda s: s.id)),
+        )
+
+    async def take(
+        self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
+    ) -> ShardItem:
+        if not me:
+            raise ValueError("take: the new owner must not be empty")
+        values = {
+            ":me": _s(me),
+            ":expected_epoch": _n(expected_epoch),
+            ":next": _n(expected_epoch + 1),
+            ":now": _n(wall_now),
+            ":running": _s("running"),
+        }
+        if expected_owner:
+            owner_condition = "#owner = :expected_owner"
+            values[":expected_owner"] = _s(expected_owner)
+        else:
+            owner_condition = "attribute_not_exists(#owner)"
+        response = await self._request(
+            "take",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression=(
+                "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
+            ),
+            ConditionExpression=f"#epoch = :expected_epoch AND {owner_condition}",
+            ExpressionAttributeNames=_names("owner", "epoch", "owner_since", "state"),
+            ExpressionAttributeValues=values,
+            ReturnValues="ALL_NEW",
+        )
+        return _shard_from(response["Attributes"])
+
+    async def checkpoint(
+        self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
+    ) -> None:
+        await self._request(
+            "checkpoint",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression="SET #checkpoint = :cp",
+            ConditionExpression=_SAME_OWNER_AND_EPOCH,
+            ExpressionAttributeNames=_names("checkpoint", "owner", "epoch"),
+            ExpressionAttributeValues={
+                ":cp": _checkpoint_value(checkpoint),
+                ":me": _s(me),
+                ":epoch": _n(epoch),
+            },
+        )
+
+    async def release(self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]) -> None:
+        # The epoch stays: the next take bumps it, so an epoch is never reused.
+        await self._request(
+            "release",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression="SET #checkpoint = :cp, #state = :released REMOVE #owner",
+            ConditionExpression=_SAME_OWNER_AND_EPOCH,
+            ExpressionAttributeNames=_names("checkpoint", "state", "owner", "epoch"),
+            ExpressionAttributeValues={
+                ":cp": _checkpoint_value(checkpoint),
+                ":released": _s("released"),
+                ":me": _s(me),
+                ":epoch": _n(epoch),
+            },
+        )

@@ -1,0 +1,6 @@
+"""Process exit codes: a public contract (systemd's RestartPreventExitStatus, ECS, scripts)."""
+
+OK = 0
+INTERNAL = 70  # a bug, or a crash loop an outer supervisor should see (EX_SOFTWARE)
+STORE_UNAVAILABLE = 75  # the lease store was unreachable at start-up (EX_TEMPFAIL): retry later
+CONFIG = 78  # the configuration is invalid (EX_CONFIG): restarting will not help

@@ -1,0 +1,53 @@
+"""When to restart a crashed child: exponential backoff with full jitter, pure and clock-injected.
+
+Full jitter (a uniform draw in [0, cap]) keeps a host whose children all crash at once from
+restarting them in lock-step. The attempt count resets once a child has stayed up for
+``reset_after``, so a child that crashes once a day always restarts fast. Too many crashes inside
+``window`` is a crash loop: the caller gives the shard up (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+
+
+@attrs.frozen
+class RestartDecision:
+    delay: float  # seconds to wait before the next start
+    crash_loop: bool  # too many crashes within the window: do not restart here
+
+
+@attrs.define
+class RestartPolicy:
+    initial: float
+    maximum: float
+    reset_after: float
+    max_restarts: int = 5
+    window: float = 60.0
+    rng: Callable[[], float] = random.random
+    _attempt: int = 0
+    _started_at: float | None = None
+    _crashes: deque[float] = attrs.field(factory=deque)
+
+    def child_started(self, now: float) -> None:
+        self._started_at = now
+
+    def child_healthy_for(self, now: float) -> float:
+        return 0.0 if self._started_at is None else now - self._started_at
+
+    def child_crashed(self, now: float) -> RestartDecision:
+        if self.child_healthy_for(now) >= self.reset_after:
+            self._attempt = 0
+        self._started_at = None
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self.window:
+            self._crashes.popleft()
+        cap = min(self.maximum, self.initial * 2**self._attempt)
+        self._attempt += 1
+        return RestartDecision(
+            delay=self.rng() * cap, crash_loop=len(self._crashes) > self.max_restarts
+        )

@@ -1,0 +1,261 @@
+"""One task per held shard: runs its child, writes its checkpoints fenced, restarts it, releases it.
+
+The runner owns exactly one lease (shard + epoch). Every store write it makes is conditional on
+that owner and epoch, so a runner that lost its lease can never overwrite the new owner's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from shard_worker import protocol as p
+from supervisor.child_process import ChildHandle, pump_output
+from supervisor.config import Config, ShardConfig
+from supervisor.lease_core import OwnLease
+from supervisor.restart_policy import RestartPolicy
+from supervisor.store import LeaseConflict, LeaseStore, StoreUnavailable
+
+log = logging.getLogger("shardvisor.shard")
+
+HELLO_TIMEOUT = 10.0
+SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; this much later, SIGKILL
+RELEASE_TIMEOUT = 5.0
+
+Spawn = Callable[[str], Awaitable[tuple[ChildHandle, list[tuple[str, Any]]]]]
+
+
+class ChildGone(Exception):
+    """The child broke the protocol or went away before the handshake ended."""
+
+
+@attrs.define
+class RunnerContext:
+    """What all runners of one supervisor share."""
+
+    config: Config
+    worker_id: str
+    store: LeaseStore
+    lease: OwnLease
+    spawn: Spawn
+    now: Callable[[], float]  # time.monotonic in production: fence deadlines cross processes
+
+
+@attrs.define(eq=False)
+class ShardRunner:
+    ctx: RunnerContext
+    shard: ShardConfig
+    epoch: int
+    checkpoint: dict[str, int]
+    taken_at: float
+    state: str = "starting"  # starting | running | backoff | stopping | lost | stopped
+    restarts: int = 0
+    written: int = 0
+    crash_looped: bool = False
+    _stop: trio.Event = attrs.field(factory=trio.Event)
+    _stop_reason: str = ""
+    _stop_grace: float = 0.0
+    _release: bool = True
+    _lost: bool = False
+    _child: ChildHandle | None = None
+    _child_stopped: bool = False
+    _child_started: bool = False  # start sent: fences may follow (never before start)
+    _stored: dict[str, int] = attrs.field(factory=dict)  # last checkpoint the table accepted
+
+    def __attrs_post_init__(self) -> None:
+        self._stored = dict(self.checkpoint)
+
+    @property
+    def shard_id(self) -> str:
+        return self.shard.id
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+    def request_stop(self, reason: str, grace: float, *, release: bool = True) -> None:
+        """Graceful: Stop message, wait ``grace``, then SIGTERM, then SIGKILL; then release."""
+        if self._stop.is_set():
+            return
+        self._stop_reason, self._stop_grace, self._release = reason, grace, release
+        self.state = "stopping"
+        self._stop.set()
+
+    def lose(self, reason: str) -> None:
+        """The lease is gone: kill the child at once and write nothing more."""
+        if self._lost:
+            return
+        log.warning("lease lost: %s", reason, extra=self._extra())
+        self._lost, self.state = True, "lost"
+        if self._child is not None:
+            self._child.signal(signal.SIGKILL)
+        self.request_stop(reason, 0.0, release=False)
+
+    async def fence(self, deadline: float) -> None:
+        child = self._child
+        if (
+            child is not None
+            and self._child_started
+            and child.returncode is None
+            and not self._lost
+        ):
+            # A child that is exiting cannot take the fence; the runner sees EOF and wait().
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await child.send(p.Fence(deadline=deadline))
+
+    async def run(self) -> None:
+        cfg = self.ctx.config.supervisor
+        policy = RestartPolicy(
+            cfg.restart_backoff_initial, cfg.restart_backoff_max, cfg.restart_reset_after
+        )
+        try:
+            while not self._stop.is_set() and self.ctx.lease.is_valid(self.ctx.now()):
+                policy.child_started(self.ctx.now())
+                code = await self._run_child_once()
+                if self._stop.is_set():
+                    break
+                decision = policy.child_crashed(self.ctx.now())
+                self.restarts += 1
+                if decision.crash_loop:
+                    log.error("crash loop: giving the shard up", extra=self._extra(code=code))
+                    self.crash_looped = True
+                    break
+                self.state = "backoff"
+                log.warning(
+                    "child exited with %s; restarting in %.3fs",
+                    code,
+                    decision.delay,
+                    extra=self._extra(),
+                )
+                with trio.move_on_after(decision.delay):
+                    await self._stop.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finish()
+
+    async def _finish(self) -> None:
+        if self._lost or not self._release:
+            self.state = "lost" if self._lost else "stopped"
+            return
+        took = self.ctx.now() - self.taken_at
+        with trio.move_on_after(RELEASE_TIMEOUT) as scope:
+            await self._release_lease()
+        if scope.cancelled_caught:
+            log.error("release timed out; peers take over at lease expiry", extra=self._extra())
+        self.state = "stopped"
+        log.info("released after %.1fs held", took, extra=self._extra(checkpoint=self.checkpoint))
+
+    async def _release_lease(self) -> None:
+        while True:
+            try:
+                await self.ctx.store.release(
+                    self.shard_id, self.ctx.worker_id, self.epoch, self.checkpoint
+                )
+                return
+            except LeaseConflict:
+                log.warning("release refused: no longer the owner", extra=self._extra())
+                return
+            except StoreUnavailable as exc:
+                log.warning("release failed, retrying: %s", exc, extra=self._extra())
+                await trio.sleep(0.2)
+
+    async def _run_child_once(self) -> int | None:
+        child, outputs = await self.ctx.spawn(self.shard_id)
+        self._child, self._child_stopped, self._child_started = child, False, False
+        try:
+            async with trio.open_nursery() as nursery:
+                for name, stream in outputs:
+                    nursery.start_soon(pump_output, self.shard_id, child.pid, name, stream)
+                nursery.start_soon(self._stop_watcher, child)
+                try:
+                    await self._converse(child)
+                except (ChildGone, p.ProtocolError, trio.BrokenResourceError) as exc:
+                    log.error("child protocol failure: %r", exc, extra=self._extra(pid=child.pid))
+                    child.signal(signal.SIGKILL)
+                code = await child.wait()
+                nursery.cancel_scope.cancel()
+            return code
+        finally:
+            self._child = None
+            await child.aclose()
+
+    async def _converse(self, child: ChildHandle) -> None:
+        with trio.fail_after(HELLO_TIMEOUT):
+            hello = await child.receive()
+        if not isinstance(hello, p.Hello) or hello.version != p.PROTOCOL_VERSION:
+            raise ChildGone(f"expected hello v{p.PROTOCOL_VERSION}, got {hello!r}")
+        await child.send(self._start_message())
+        self._child_started = True
+        while (msg := await child.receive()) is not None:
+            await self._handle(msg)
+
+    def _start_message(self) -> p.Start:
+        cfg = self.ctx.config
+        return p.Start(
+            shard=self.shard_id,
+            epoch=self.epoch,
+            worker=self.ctx.worker_id,
+            streams=self.shard.streams,
+            checkpoint=dict(self.checkpoint),
+            sink=cfg.sink,
+            settings=p.WorkerSettings(checkpoint_interval=cfg.supervisor.checkpoint_interval),
+            fence_deadline=self.ctx.lease.valid_until,
+        )
+
+    async def _handle(self, msg: p.Message) -> None:
+        if isinstance(msg, p.Ready):
+            self.state = "running" if not self._stop.is_set() else self.state
+            log.info("child ready", extra=self._extra(pid=self._child and self._child.pid))
+        elif isinstance(msg, p.Checkpoint):
+            self.written = msg.written
+            await self._write_checkpoint(msg.checkpoint)
+        elif isinstance(msg, p.Stopped):
+            self.written, self.checkpoint = msg.written, dict(msg.checkpoint)
+            self._child_stopped = True
+        elif isinstance(msg, p.Error):
+            level = logging.ERROR if msg.fatal else logging.WARNING
+            log.log(level, "child reports: %s", msg.message, extra=self._extra())
+        else:
+            raise ChildGone(f"unexpected message from child: {msg!r}")
+
+    async def _write_checkpoint(self, checkpoint: dict[str, int]) -> None:
+        """The child reports only what its sink flushed, so storing it never runs ahead."""
+        self.checkpoint = dict(checkpoint)
+        if self._lost or checkpoint == self._stored:
+            return
+        try:
+            await self.ctx.store.checkpoint(
+                self.shard_id, self.ctx.worker_id, self.epoch, checkpoint
+            )
+            self._stored = dict(checkpoint)
+        except LeaseConflict:
+            self.lose("checkpoint refused: the table has another owner or epoch")
+        except StoreUnavailable as exc:
+            # Kept in self.checkpoint: the next checkpoint or the release carries it.
+            log.warning("checkpoint not stored: %s", exc, extra=self._extra())
+
+    async def _stop_watcher(self, child: ChildHandle) -> None:
+        await self._stop.wait()
+        if self._lost:
+            child.signal(signal.SIGKILL)
+            return
+        grace = self._stop_grace
+        try:
+            await child.send(p.Stop(reason=self._stop_reason, deadline=self.ctx.now() + grace))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        await trio.sleep(grace)
+        log.warning("child missed its stop deadline: SIGTERM", extra=self._extra(pid=child.pid))
+        child.signal(signal.SIGTERM)
+        await trio.sleep(SIGTERM_GRACE)
+        log.error("child ignored SIGTERM: SIGKILL", extra=self._extra(pid=child.pid))
+        child.signal(signal.SIGKILL)
+
+    def _extra(self, **more: Any) -> dict[str, Any]:
+        return {"shard": self.shard_id, "epoch": self.epoch, **more}

@@ -1,0 +1,96 @@
+"""The lease store's interface: what the supervisor needs from DynamoDB, and nothing more.
+
+Two implementations: ``dynamo_store.DynamoLeaseStore`` (boto3) and ``memory_store.MemoryLeaseStore``
+(an in-memory twin with the same conditional semantics, for driver tests under a fake clock).
+Every method maps store failures to the errors below, so the drivers never see botocore.
+See docs/lease-protocol.md for the items and the conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+
+class LeaseStoreError(Exception):
+    """Root of the lease store's errors."""
+
+
+class StoreUnavailable(LeaseStoreError):
+    """The store could not be reached or refused for now (network, throttling, 5xx): retry later."""
+
+
+class LeaseConflict(LeaseStoreError):
+    """A conditional write failed: the item is not in the state this worker observed or owns."""
+
+
+class WorkerIdTaken(LeaseStoreError):
+    """Our worker item now carries another session: a second process runs with our worker id."""
+
+
+class TableMissing(LeaseStoreError):
+    """The table does not exist (and this call does not create it)."""
+
+
+@attrs.frozen
+class WorkerItem:
+    id: str
+    session: str  # random per supervisor process: tells two incarnations of one id apart
+    counter: int  # +1 on every heartbeat; peers watch it change on their own monotonic clock
+    state: str  # running | draining | stopped
+    heartbeat_at: (
+        float  # wall clock of the last heartbeat, for humans only (status), never compared
+    )
+    started_at: float
+    host: str = ""
+    pid: int = 0
+
+
+@attrs.frozen
+class ShardItem:
+    id: str
+    owner: str  # "" = unowned
+    epoch: int  # fencing token: +1 on every change of owner, never reused
+    checkpoint: dict[str, int] = attrs.field(factory=dict)
+    owner_since: float = 0.0  # wall clock, for humans only
+    state: str = ""  # "" | running | released
+
+
+@attrs.frozen
+class Snapshot:
+    workers: tuple[WorkerItem, ...]
+    shards: tuple[ShardItem, ...]
+
+
+class LeaseStore(Protocol):
+    async def ensure_table(self, create: bool) -> bool:
+        """Check the table exists; create it (PAY_PER_REQUEST) when ``create``. True if created."""
+
+    async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        """Write our worker item, replacing an earlier incarnation; the counter keeps rising."""
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        """Counter + 1, conditional on our session. Returns the new counter."""
+
+    async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
+        """Mark our worker item stopped (clean exit), conditional on our session."""
+
+    async def ensure_shard(self, shard_id: str) -> None:
+        """Create the shard item unowned at epoch 0 if it does not exist yet."""
+
+    async def snapshot(self) -> Snapshot:
+        """A strongly consistent read of every worker and shard item."""
+
+    async def take(
+        self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
+    ) -> ShardItem:
+        """Own the shard at ``expected_epoch + 1`` if it is as observed; else LeaseConflict."""
+
+    async def checkpoint(
+        self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
+    ) -> None:
+        """Store the checkpoint, conditional on owner = me and epoch = mine."""
+
+    async def release(self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]) -> None:
+        """Final checkpoint and give the shard up, conditional on owner = me and epoch = mine."""

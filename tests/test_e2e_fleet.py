@@ -1,0 +1,136 @@
+"""Real supervisors, real children, real signals, over HTTP to moto's server and to dynalite."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+from fleet import DURATION, RECONCILE, Fleet, alive, child_pids
+
+from supervisor.feed import FeedServer
+
+pytestmark = pytest.mark.slow
+
+SHARDS = {"s1": ["s1-a", "s1-b"], "s2": ["s2-a"], "s3": ["s3-a"], "s4": ["s4-a"]}
+STREAMS = [s for streams in SHARDS.values() for s in streams]
+
+
+@pytest.fixture
+async def fleet(tmp_path, ddb_url, table_name, nursery):
+    feed = FeedServer(rate=200.0, stream_names=STREAMS)
+    port = await nursery.start(feed.serve, "127.0.0.1", 0)
+    fleet = Fleet(tmp_path, ddb_url, table_name, f"ws://127.0.0.1:{port}/feed", SHARDS, feed=feed)
+    await fleet.store.ensure_table(True)
+    try:
+        yield fleet
+    finally:
+        await fleet.stop_all()
+        for worker in fleet.procs:  # shown by pytest only when the test failed
+            print(f"===== {worker}.log =====\n{fleet.log(worker)}")
+
+
+def assert_no_gap_and_no_overlap(fleet: Fleet) -> None:
+    audits = fleet.audit()
+    assert sorted(audits) == sorted(STREAMS)
+    for stream, audit in audits.items():
+        assert audit.missing() == [], f"{stream} lost records"
+        assert audit.interleavings() == [], f"{stream}: two epochs wrote at the same time"
+
+
+async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fleet):
+    with trio.fail_after(40):
+        await fleet.start("w1")
+        await fleet.wait_until_owned(by=["w1"], timeout=10)
+        await fleet.start("w2")
+        for stream in STREAMS:  # every child of w1 is writing before it dies
+            await fleet.wait_written(stream, 1, timeout=10)
+        supervisor_pid = fleet.procs["w1"].pid
+        kids = child_pids(supervisor_pid)
+        assert kids, "w1 runs one child per shard"
+        fleet.kill("w1")
+        await fleet.procs["w1"].wait()
+        took = await fleet.wait_until_owned(by=["w2"], timeout=DURATION + RECONCILE + 5)
+        assert took <= DURATION + RECONCILE + 1.0
+        await trio.sleep(1.2)
+        assert not [pid for pid in kids if alive(pid)], "children outlived their supervisor"
+        for stream in STREAMS:
+            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await fleet.stop_all()
+    assert_no_gap_and_no_overlap(fleet)
+    epochs = {stream: audit.epochs for stream, audit in fleet.audit().items()}
+    assert all(len(e) >= 2 for e in epochs.values()), epochs
+
+
+async def test_sigterm_releases_every_lease_and_exits_zero(fleet):
+    with trio.fail_after(40):
+        await fleet.start("w1")
+        await fleet.wait_until_owned(by=["w1"], timeout=10)
+        await trio.sleep(1.0)
+        started = trio.current_time()
+        fleet.kill("w1", signal.SIGTERM)
+        code = await fleet.procs["w1"].wait()
+        assert code == 0
+        assert trio.current_time() - started < 5.0
+        snapshot = await fleet.snapshot()
+        assert all(s.owner == "" for s in snapshot.shards)
+        assert [w.state for w in snapshot.workers] == ["stopped"]
+        assert all(s.checkpoint for s in snapshot.shards)
+    # Nothing written beyond the final checkpoint: the next owner starts exactly after it.
+    for shard in snapshot.shards:
+        for stream, seq in shard.checkpoint.items():
+            assert fleet.audit()[stream].max_seq == seq
+
+
+async def test_graceful_hand_off_loses_nothing_and_writes_nothing_twice(fleet):
+    with trio.fail_after(40):
+        await fleet.start("w1")
+        await fleet.start("w2")
+        await fleet.wait_until_owned(timeout=10)
+        await trio.sleep(1.0)
+        fleet.kill("w1", signal.SIGTERM)
+        assert await fleet.procs["w1"].wait() == 0
+        await fleet.wait_until_owned(by=["w2"], timeout=RECONCILE + 3)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await fleet.stop_all()
+    assert_no_gap_and_no_overlap(fleet)
+    for stream, audit in fleet.audit().items():
+        assert audit.rewritten == 0, f"{stream}: a graceful hand-off wrote records twice"
+
+
+async def test_a_killed_child_is_restarted_and_resumes_without_gap(fleet):
+    with trio.fail_after(30):
+        await fleet.start("w1")
+        await fleet.wait_until_owned(by=["w1"], timeout=10)
+        await trio.sleep(1.0)
+        victims = child_pids(fleet.procs["w1"].pid)
+        os.kill(victims[0], signal.SIGKILL)
+        with trio.fail_after(5):
+            while len([p for p in child_pids(fleet.procs["w1"].pid) if p not in victims]) < 1:
+                await trio.sleep(0.05)
+        await trio.sleep(1.0)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        assert "restarting in" in fleet.log("w1")
+        assert set((await fleet.owners()).values()) == {"w1"}
+        await fleet.stop_all()
+    assert_no_gap_and_no_overlap(fleet)
+
+
+async def test_two_supervisors_started_together_split_the_shards_with_one_writer_each(fleet):
+    with trio.fail_after(40):
+        await fleet.start("w1")
+        await fleet.start("w2")
+        with trio.fail_after(15):  # balanced: 2 shards each, after any rebalancing hand-off
+            while sorted((await fleet.owners()).values()) != ["w1", "w1", "w2", "w2"]:
+                await trio.sleep(0.1)
+        await trio.sleep(1.0)
+        await fleet.stop_all()
+    assert_no_gap_and_no_overlap(fleet)
+    for stream, audit in fleet.audit().items():
+        writers = {}
+        for record in audit.records:
+            writers.setdefault(record.epoch, set()).add(record.worker)
+        assert all(len(w) == 1 for w in writers.values()), f"{stream}: {writers}"
