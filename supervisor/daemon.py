@@ -32,8 +32,6 @@ from supervisor.store import (
 
 log = logging.getLogger("shardvisor.supervisor")
 
-STARTUP_RETRY_FOR = 10.0  # keep trying an unreachable store this long before exit 75
-
 
 async def default_spawn(shard_id: str):
     child, out, err = await spawn_child(shard_id)
@@ -107,7 +105,8 @@ class Supervisor:
         return self.exit_code
 
     async def _start_up(self) -> None:
-        deadline = self.now() + STARTUP_RETRY_FOR
+        # An outage shorter than a lease is ridden out; a longer one exits 75 (retry later).
+        deadline = self.now() + self.config.lease.duration
         delay = 0.2
         while True:
             try:

@@ -133,9 +133,19 @@ class FeedServer:
         feed = self._streams.get(stream)
         return feed.last_seq if feed is not None else 0
 
+    def connection_count(self, stream: str | None = None) -> int:
+        """Accepted connections not yet closed or dropped (of one stream, or all)."""
+        return sum(stream in (None, name) for name in self._connections.values())
+
     async def drop_connections(self, stream: str | None = None) -> None:
-        """Close the active connections (of one stream, or all): clients must reconnect."""
+        """Close the active connections (of one stream, or all): clients must reconnect.
+
+        A client may see its handshake complete just before the server registers the
+        connection; wait for ``connection_count()`` first to be sure a drop reaches it.
+        """
         victims = [ws for ws, name in self._connections.items() if stream in (None, name)]
+        for ws in victims:
+            del self._connections[ws]
         async with trio.open_nursery() as nursery:
             for ws in victims:
                 nursery.start_soon(self._drop, ws)
@@ -163,7 +173,7 @@ class FeedServer:
         except ConnectionClosed:
             pass  # the client left, or drop_connections closed it: both are normal
         finally:
-            del self._connections[ws]
+            self._connections.pop(ws, None)  # (drop_connections may have removed it)
 
     async def _send_from(self, ws: WebSocketConnection, stream: FeedStream, after: int) -> None:
         seq = max(after + 1, stream.first_seq)

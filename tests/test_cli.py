@@ -79,3 +79,27 @@ def test_status_on_an_unreachable_store_exits_75(tmp_path):
     result = shardvisor("status", "-c", str(config))
     assert result.returncode == 75
     assert "Traceback" not in result.stderr
+
+
+def test_run_exits_75_when_the_store_stays_unreachable_at_start(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[dynamodb]\nendpoint_url = "http://127.0.0.1:9"\n'
+        '[lease]\nduration = "1s"\nheartbeat_interval = "250ms"\nreconcile_interval = "250ms"\n'
+    )
+    result = shardvisor("run", "-c", str(config))
+    assert result.returncode == 75, result.stderr
+    assert "lease store unreachable at start-up" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_child_imports_neither_boto3_nor_the_supervisor():
+    probe = (
+        "import sys, shard_worker.worker, shard_worker.__main__;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'supervisor')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 
 import pytest
 import trio
@@ -29,6 +31,15 @@ async def fleet(tmp_path, ddb_url, table_name, nursery):
         await fleet.stop_all()
         for worker in fleet.procs:  # shown by pytest only when the test failed
             print(f"===== {worker}.log =====\n{fleet.log(worker)}")
+
+
+async def status_json(fleet: Fleet, worker: str) -> dict:
+    result = await trio.run_process(
+        [sys.executable, "-m", "supervisor", "status", "--json", "-c", f"{worker}.toml"],
+        cwd=fleet.workdir,
+        capture_stdout=True,
+    )
+    return json.loads(result.stdout)
 
 
 def assert_no_gap_and_no_overlap(fleet: Fleet) -> None:
@@ -67,7 +78,8 @@ async def test_sigterm_releases_every_lease_and_exits_zero(fleet):
     with trio.fail_after(40):
         await fleet.start("w1")
         await fleet.wait_until_owned(by=["w1"], timeout=10)
-        await trio.sleep(1.0)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, 1, timeout=10)
         started = trio.current_time()
         fleet.kill("w1", signal.SIGTERM)
         code = await fleet.procs["w1"].wait()
@@ -88,7 +100,8 @@ async def test_graceful_hand_off_loses_nothing_and_writes_nothing_twice(fleet):
         await fleet.start("w1")
         await fleet.start("w2")
         await fleet.wait_until_owned(timeout=10)
-        await trio.sleep(1.0)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, 1, timeout=10)
         fleet.kill("w1", signal.SIGTERM)
         assert await fleet.procs["w1"].wait() == 0
         await fleet.wait_until_owned(by=["w2"], timeout=RECONCILE + 3)
@@ -104,7 +117,8 @@ async def test_a_killed_child_is_restarted_and_resumes_without_gap(fleet):
     with trio.fail_after(30):
         await fleet.start("w1")
         await fleet.wait_until_owned(by=["w1"], timeout=10)
-        await trio.sleep(1.0)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, 1, timeout=10)
         victims = child_pids(fleet.procs["w1"].pid)
         os.kill(victims[0], signal.SIGKILL)
         with trio.fail_after(5):
@@ -123,9 +137,18 @@ async def test_two_supervisors_started_together_split_the_shards_with_one_writer
     with trio.fail_after(40):
         await fleet.start("w1")
         await fleet.start("w2")
-        with trio.fail_after(15):  # balanced: 2 shards each, after any rebalancing hand-off
+        with trio.fail_after(25):  # balanced: 2 shards each, after any rebalancing hand-off
             while sorted((await fleet.owners()).values()) != ["w1", "w1", "w2", "w2"]:
                 await trio.sleep(0.1)
+        status = await status_json(fleet, "w1")
+        assert {w["id"]: (w["state"], len(w["shards"])) for w in status["workers"]} == {
+            "w1": ("running", 2),
+            "w2": ("running", 2),
+        }
+        assert all(w["heartbeat_age_s"] < DURATION for w in status["workers"])
+        assert {s["id"] for s in status["shards"]} == set(SHARDS)
+        assert all(s["owner"] in ("w1", "w2") and s["epoch"] >= 1 for s in status["shards"])
+        assert all(s["state"] == "running" for s in status["shards"])
         await trio.sleep(1.0)
         await fleet.stop_all()
     assert_no_gap_and_no_overlap(fleet)

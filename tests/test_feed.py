@@ -111,9 +111,11 @@ async def test_drop_connections_forces_a_reconnect_without_loss(
     with trio.fail_after(5):
         async with open_websocket_url(f"{url}/s1") as ws:
             seen += [json.loads(await ws.get_message())["seq"] for _ in range(20)]
+            assert server.connection_count() == server.connection_count("s1") == 1
             await server.drop_connections("other")  # another stream's: no effect here
             seen.append(json.loads(await ws.get_message())["seq"])
             await server.drop_connections("s1")
+            assert server.connection_count() == 0
             with pytest.raises(ConnectionClosed):
                 while True:  # whatever was in flight, then the close
                     seen.append(json.loads(await ws.get_message())["seq"])

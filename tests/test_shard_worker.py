@@ -114,6 +114,9 @@ async def test_reconnects_after_a_drop_without_a_gap(
         await worker.expect(Ready)
         first = await worker.wait_for(Checkpoint)
         for connections in (2, 3):
+            with trio.fail_after(5):
+                while server.connection_count() < 1:
+                    await trio.sleep(0.01)
             await server.drop_connections()
             with trio.fail_after(5):
                 while worker.log.count("stream=a connected to") < connections:

@@ -1,0 +1,177 @@
+"""The supervisor's loops on a virtual clock: in-memory store, fake children, exact times.
+
+These run instantly under ``MockClock(autojump_threshold=0)``; the same rules are exercised with
+real processes and real servers in test_e2e_fleet.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+from fake_child import FakeChild, Write
+
+from shard_worker.protocol import StreamSpec
+from supervisor.config import Config, LeaseConfig, ShardConfig, SupervisorConfig
+from supervisor.daemon import Supervisor
+from supervisor.memory_store import MemoryLeaseStore
+
+DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
+MARGIN = DURATION / 5
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def config(shards: int) -> Config:
+    return Config(
+        lease=LeaseConfig(DURATION, HEARTBEAT, RECONCILE),
+        supervisor=SupervisorConfig(shutdown_timeout=20.0, checkpoint_interval=1.0),
+        shards=tuple(
+            ShardConfig(f"s{i}", (StreamSpec(f"s{i}", "ws://127.0.0.1:1/x"),))
+            for i in range(shards)
+        ),
+    )
+
+
+class Harness:
+    def __init__(self, shards: int = 2) -> None:
+        self.store = MemoryLeaseStore(table_exists=True)
+        self.writes: list[Write] = []
+        self.children: list[FakeChild] = []
+        self.crashing: set[str] = set()
+        self.config = config(shards)
+
+    def supervisor(self, worker: str, store: MemoryLeaseStore | None = None) -> Supervisor:
+        async def spawn(shard_id: str):
+            child = FakeChild(shard_id, self.writes, crash_after_ready=shard_id in self.crashing)
+            self.children.append(child)
+            return child, []
+
+        return Supervisor(
+            self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
+        )
+
+    async def owners(self) -> dict[str, tuple[str, int]]:
+        return {s.id: (s.owner, s.epoch) for s in (await self.store.snapshot()).shards}
+
+
+async def test_takes_every_shard_and_stores_checkpoints(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        assert await h.owners() == {"s0": ("w1", 1), "s1": ("w1", 1)}
+        snapshot = await h.store.snapshot()
+        assert all(s.checkpoint for s in snapshot.shards)
+        sup.request_shutdown()
+    snapshot = await h.store.snapshot()
+    assert all(s.owner == "" and s.state == "released" for s in snapshot.shards)
+    last = {s.id: s.checkpoint[s.id] for s in snapshot.shards}
+    assert last == {sid: max(w.seq for w in h.writes if w.shard == sid) for sid in last}
+
+
+async def test_store_outage_stops_every_child_before_a_peer_could_take_over(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        h.store.unavailable = True
+        cut = trio.current_time()
+        await trio.sleep(DURATION)
+        # The last successful heartbeat was sent at most HEARTBEAT before the cut.
+        assert sup.runners == {}
+        assert all(c.returncode is not None for c in h.children)
+        assert max(w.at for w in h.writes) < cut + DURATION - MARGIN
+        h.store.unavailable = False
+        await trio.sleep(HEARTBEAT + RECONCILE + 1.0)
+        # Back: the shards still carry our id, so we retake them at a new epoch.
+        assert await h.owners() == {"s0": ("w1", 2), "s1": ("w1", 2)}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_clock):
+    h = Harness(shards=4)
+    w1_store = h.store.peer()
+    doomed = trio.CancelScope()
+
+    async def run_w1(task_status=trio.TASK_STATUS_IGNORED):
+        with doomed:
+            await h.supervisor("w1", w1_store).run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_w1)
+        await trio.sleep(3.0)
+        await nursery.start(h.supervisor("w2").run)
+        await trio.sleep(0.5)
+        # w1 "dies": cut off from the store (so nothing it does lands), then its loops stop.
+        w1_store.unavailable = True
+        doomed.cancel()
+        died = trio.current_time()
+        with trio.fail_after(60):
+            while {o for o, _ in (await h.owners()).values()} != {"w2"}:
+                await trio.sleep(0.1)
+        took = trio.current_time() - died
+        assert DURATION - HEARTBEAT <= took <= DURATION + RECONCILE + 1.0
+        assert {e for _, e in (await h.owners()).values()} == {2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_write_lands_after_the_fence_when_the_supervisor_is_frozen(autojump_clock):
+    """A frozen supervisor sends no fence; its children stop on their own at the deadline."""
+    h = Harness(shards=1)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(4.5)  # between heartbeats (they run at 0, 2, 4, ... s)
+        (child,) = h.children
+        # Frozen: from now on the supervisor neither renews (so sends no fence) nor kills.
+        sup._heartbeat_once = _frozen
+        sup._lose_all = lambda reason: None
+        deadline = sup.lease.valid_until
+        await trio.sleep(DURATION)
+        assert child.returncode == 3  # it stopped by itself, at its fence
+        assert h.writes and max(w.at for w in h.writes) < deadline
+        nursery.cancel_scope.cancel()
+
+
+async def _frozen(sent: float) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock):
+    h = Harness(shards=1)
+    h.crashing.add("s0")
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        with trio.fail_after(30):
+            while (await h.owners())["s0"] != ("", 1):
+                await trio.sleep(0.01)
+        released = trio.current_time()
+        assert len(h.children) == 6  # the first start and 5 restarts, then released
+        await trio.sleep(DURATION - RECONCILE - 0.1)
+        assert (await h.owners())["s0"] == ("", 1)  # cooling down here: another host may try
+        with trio.fail_after(2 * RECONCILE + 0.2):
+            while (await h.owners())["s0"][1] != 2:
+                await trio.sleep(0.01)
+        # Nobody else did: after the cool-down we try again, at a fresh epoch.
+        assert trio.current_time() - released <= DURATION + RECONCILE + 0.1
+        nursery.cancel_scope.cancel()
+
+
+async def test_second_signal_takes_the_fast_path(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(3.0)
+        started = trio.current_time()
+        sup.request_shutdown()
+        sup.request_shutdown()
+    assert trio.current_time() - started < 1.0
+    assert all(s.owner == "" for s in (await h.store.snapshot()).shards)
