@@ -49,6 +49,7 @@ class WorkerSettings:
     """Timing knobs the child needs; all durations in seconds."""
 
     checkpoint_interval: float = 1.0
+    heartbeat_interval: float = 1.0  # liveness + progress to the supervisor
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
     connect_timeout: float = 5.0
@@ -115,6 +116,20 @@ class Checkpoint:
 
 
 @attrs.frozen
+class Heartbeat:
+    """Sent every ``heartbeat_interval`` by a task of the child's event loop: if the loop is
+    blocked (CPU-bound code, a deadlock) heartbeats stop and the supervisor kills the child."""
+
+    type: ClassVar[str] = "heartbeat"
+    written: int  # records written since start, all streams
+    last_seq: dict[str, int]  # last sequence written per stream (flushed or not)
+    loop_lag: float  # seconds the heartbeat's own sleep overran: event-loop saturation
+    duplicates: int = 0  # sequenced messages dropped as already written
+    gaps: int = 0  # sequence numbers the feed skipped
+    malformed: int = 0  # messages that could not be read
+
+
+@attrs.frozen
 class Stopped:
     type: ClassVar[str] = "stopped"
     checkpoint: dict[str, int]
@@ -131,9 +146,10 @@ class Error:
     fatal: bool = False
 
 
-Message = Start | Fence | Stop | Hello | Ready | Checkpoint | Stopped | Error
+Message = Start | Fence | Stop | Hello | Ready | Checkpoint | Heartbeat | Stopped | Error
 _TYPES: dict[str, type] = {
-    cls.type: cls for cls in (Start, Fence, Stop, Hello, Ready, Checkpoint, Stopped, Error)
+    cls.type: cls
+    for cls in (Start, Fence, Stop, Hello, Ready, Checkpoint, Heartbeat, Stopped, Error)
 }
 
 

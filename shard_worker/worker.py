@@ -20,6 +20,7 @@ from .protocol import (
     Checkpoint,
     Error,
     Fence,
+    Heartbeat,
     Hello,
     ProtocolError,
     Ready,
@@ -135,6 +136,7 @@ def _resume_checkpoint(start: Start) -> dict[str, int]:
 async def _run_shard(start: Start, recorder: Recorder, channel: MessageChannel, log: Log) -> Stop:
     """Readers and checkpoints run until Stop; raises ControlClosed or FenceExpired otherwise."""
     async with trio.open_nursery() as nursery:
+        readers = []
         for spec in start.streams:
             reader = StreamReader(
                 spec,
@@ -143,8 +145,12 @@ async def _run_shard(start: Start, recorder: Recorder, channel: MessageChannel, 
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
             )
+            readers.append(reader)
             await nursery.start(reader.run)
         nursery.start_soon(_checkpoint_loop, recorder, channel, start.settings.checkpoint_interval)
+        nursery.start_soon(
+            _heartbeat_loop, recorder, readers, channel, start.settings.heartbeat_interval
+        )
         await _report(channel, Ready())
         log.info(f"ready: epoch={start.epoch} streams={len(start.streams)}")
         stop = await _serve_control(channel, recorder)
@@ -177,7 +183,29 @@ async def _checkpoint_loop(recorder: Recorder, channel: MessageChannel, interval
             reported = checkpoint
 
 
-async def _report(channel: MessageChannel, message: Hello | Ready | Checkpoint) -> None:
+async def _heartbeat_loop(
+    recorder: Recorder, readers: list[StreamReader], channel: MessageChannel, interval: float
+) -> None:
+    """Liveness with progress. Runs on the same event loop as the readers, so a loop blocked
+    by CPU-bound code stops the heartbeats, and the supervisor replaces the child."""
+    while True:
+        before = trio.current_time()
+        await trio.sleep(interval)
+        lag = max(0.0, trio.current_time() - before - interval)
+        await _report(
+            channel,
+            Heartbeat(
+                written=recorder.written,
+                last_seq={r.spec.id: recorder.last(r.spec.id) for r in readers if r.path},
+                loop_lag=round(lag, 6),
+                duplicates=sum(r.tracker.duplicates for r in readers),
+                gaps=sum(r.tracker.gaps for r in readers),
+                malformed=sum(r.malformed.count for r in readers),
+            ),
+        )
+
+
+async def _report(channel: MessageChannel, message: Hello | Ready | Checkpoint | Heartbeat) -> None:
     with trio.fail_after(REPORT_TIMEOUT):
         await channel.send(message)
 

@@ -114,12 +114,17 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 def _cmd_run(config: Config, args: argparse.Namespace) -> int:
     from supervisor.daemon import Supervisor
     from supervisor.worker_id import resolve_worker_id
+    from supervisor.zygote_client import ZygoteSpawner
 
     worker_id = resolve_worker_id(
         config.worker.id, environ=os.environ, hostname=socket.gethostname(), pid=os.getpid()
     )
     setup_logging(config.log.level, worker_id)
-    supervisor = Supervisor(config, worker_id, _store(config))
+    # zygote: children fork from a warm pre-imported process (ms, shared memory); fresh: exec each.
+    spawner = ZygoteSpawner() if config.supervisor.spawn == "zygote" else None
+    # None: the supervisor spawns fresh, with supervisor.worker_command if one is set.
+    spawn = spawner.spawn if spawner is not None else None
+    supervisor = Supervisor(config, worker_id, _store(config), spawn=spawn)
 
     async def main_task() -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -131,8 +136,10 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
                         supervisor.request_shutdown()
 
                 nursery.start_soon(forward_signals)
+                if spawner is not None:
+                    await nursery.start(spawner.run)
                 code = await supervisor.run()
-                nursery.cancel_scope.cancel()
+                nursery.cancel_scope.cancel()  # also stops the zygote, after the drain
         return code
 
     return trio.run(main_task)

@@ -41,6 +41,13 @@ class SupervisorConfig:
     restart_backoff_initial: float = 0.1
     restart_backoff_max: float = 30.0
     restart_reset_after: float = 60.0
+    max_restarts: int = 5  # crashes allowed within restart_window; one more quarantines the shard
+    restart_window: float = 60.0
+    hang_timeout: float = 5.0  # no heartbeat from a child this long: SIGKILL, restart (reason hang)
+    spawn: str = "zygote"  # zygote: fork from a warm pre-imported process | fresh: python -m
+    # The command that runs a shard worker with spawn = "fresh" (to wrap it in nice, taskset,
+    # prlimit, another interpreter...). Empty: python -m shard_worker with this interpreter.
+    worker_command: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -103,6 +103,23 @@ def _duration(*, allow_zero: bool = False) -> Check:
     return check
 
 
+def _integer(low: int, high: int) -> Check:
+    def check(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"expected a whole number, got {_show(value)}")
+        if not low <= value <= high:
+            raise _Invalid(f"must be from {low} to {high} (got {value})")
+        return value
+
+    return check
+
+
+def _command(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _Invalid(f"expected an array of non-empty strings, got {_show(value)}")
+    return tuple(value)
+
+
 def _matching(pattern: str, must: str) -> Check:
     compiled = re.compile(pattern)
 
@@ -187,6 +204,11 @@ _CHECKS: dict[str, dict[str, Check]] = {
         "restart_backoff_initial": _duration(),
         "restart_backoff_max": _duration(),
         "restart_reset_after": _duration(),
+        "max_restarts": _integer(1, 1000),
+        "restart_window": _duration(),
+        "hang_timeout": _duration(),
+        "spawn": _one_of(("zygote", "fresh")),
+        "worker_command": _command,
     },
     "sink": {"kind": _one_of(_SINK_KINDS), "path": _sink_path, "fsync": _boolean},
     "log": {"level": _one_of(_LOG_LEVELS)},
@@ -262,7 +284,9 @@ def _lease(reader: _Reader, data: Mapping[str, Any]) -> LeaseConfig:
     lease = LeaseConfig(**values)
     duration, heartbeat, margin = lease.duration, lease.heartbeat_interval, lease.safety_margin
     d, hb = format_duration(duration), format_duration(heartbeat)
-    if bad.isdisjoint({"duration", "heartbeat_interval"}) and heartbeat > duration / 3:
+    if (
+        bad.isdisjoint({"duration", "heartbeat_interval"}) and heartbeat * 3 > duration + 1e-9
+    ):  # 1e-9: float rounding
         problem = f"must be at most lease.duration / 3 (got {hb} with duration {d})"
         reader.report("lease.heartbeat_interval", problem)
     reconcile = lease.reconcile_interval
@@ -291,6 +315,11 @@ def _supervisor(reader: _Reader, data: Mapping[str, Any]) -> SupervisorConfig:
             f" (got {format_duration(initial)} with restart_backoff_max {format_duration(maximum)})"
         )
         reader.report("supervisor.restart_backoff_initial", problem)
+    if sup.worker_command and sup.spawn != "fresh" and "spawn" not in bad:
+        reader.report(
+            "supervisor.worker_command",
+            'needs supervisor.spawn = "fresh" (the zygote forks the built-in worker)',
+        )
     return sup
 
 
@@ -414,7 +443,9 @@ def _toml_value(value: object) -> str:
     """TOML text for a model value; every float in the model is a duration in seconds."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float | int):
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
         value = format_duration(value)
     # JSON escapes are TOML escapes, except that TOML also forbids a raw DEL character.
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -19,6 +19,7 @@ from supervisor import exit_codes
 from supervisor.child_process import spawn_child
 from supervisor.config import Config, ShardConfig
 from supervisor.lease_core import OwnLease, PeerTracker, plan_round
+from supervisor.sd_notify import Notifier
 from supervisor.shard_runner import RunnerContext, ShardRunner, Spawn
 from supervisor.store import (
     LeaseConflict,
@@ -33,9 +34,17 @@ from supervisor.store import (
 log = logging.getLogger("shardvisor.supervisor")
 
 
-async def default_spawn(shard_id: str):
-    child, out, err = await spawn_child(shard_id)
-    return child, [("stdout", out), ("stderr", err)]
+def fresh_spawner(worker_command: Sequence[str] = ()) -> Spawn:
+    """Each child a new interpreter (``python -m shard_worker`` unless a command is set)."""
+
+    async def spawn(shard_id: str):
+        child, out, err = await spawn_child(shard_id, argv=list(worker_command) or None)
+        return child, [("stdout", out), ("stderr", err)]
+
+    return spawn
+
+
+default_spawn = fresh_spawner()
 
 
 class Supervisor:
@@ -45,9 +54,10 @@ class Supervisor:
         worker_id: str,
         store: LeaseStore,
         *,
-        spawn: Spawn = default_spawn,
+        spawn: Spawn | None = None,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.worker_id = worker_id
@@ -57,6 +67,7 @@ class Supervisor:
         lease = config.lease
         self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
         self.tracker = PeerTracker(lease.duration)
+        spawn = spawn or fresh_spawner(config.supervisor.worker_command)
         self.ctx = RunnerContext(config, worker_id, store, self.lease, spawn, now)
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
@@ -66,6 +77,9 @@ class Supervisor:
         self._fast = False
         self._nursery: trio.Nursery | None = None
         self._shards = {s.id: s for s in config.shards}
+        self.notifier = notifier if notifier is not None else Notifier()  # $NOTIFY_SOCKET
+        self._ready_sent = False
+        self._quarantined_at: list[float] = []
 
     # --- control -------------------------------------------------------------------------------
 
@@ -97,11 +111,14 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
+            if self.notifier.watchdog_interval:
+                nursery.start_soon(self._systemd_watchdog, self.notifier.watchdog_interval)
             task_status.started()
             await self._shutdown.wait()
             await self._drain()
             nursery.cancel_scope.cancel()
         self.state = "stopped"
+        self.notifier.close()
         return self.exit_code
 
     async def _start_up(self) -> None:
@@ -179,6 +196,9 @@ class Supervisor:
         deadline = self.lease.valid_until
         for runner in list(self.runners.values()):
             await runner.fence(deadline)
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.notify(ready=1, status=self._status_line())
 
     async def _lease_watchdog(self) -> None:
         while True:
@@ -189,6 +209,26 @@ class Supervisor:
                 await trio.sleep(self.config.lease.heartbeat_interval / 4)
             else:
                 await trio.sleep(remaining)
+
+    async def _systemd_watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 only while our loop runs on time and our lease is valid: systemd then
+        restarts a supervisor that is stuck, not merely one that is busy."""
+        while True:
+            before = self.now()
+            await trio.sleep(interval)
+            lag = self.now() - before - interval
+            if lag < interval and self.lease.is_valid(self.now()):
+                self.notifier.notify(watchdog=1)
+            else:
+                log.warning(
+                    "withholding the systemd watchdog: lag %.3fs, lease valid %s",
+                    lag,
+                    self.lease.is_valid(self.now()),
+                )
+
+    def _status_line(self) -> str:
+        held = sorted(sid for sid, r in self.runners.items() if not r.lost)
+        return f"{self.state}: {len(held)} shards" + (f" ({' '.join(held)})" if held else "")
 
     def _lose_all(self, reason: str) -> None:
         for runner in list(self.runners.values()):
@@ -230,6 +270,7 @@ class Supervisor:
             if take.shard_id in self.runners or not self.lease.is_valid(self.now()):
                 continue
             await self._take(self._shards[take.shard_id], take.expected_owner, take.expected_epoch)
+        self.notifier.notify(status=self._status_line())
 
     async def _take(self, shard: ShardConfig, expected_owner: str, expected_epoch: int) -> None:
         try:
@@ -260,23 +301,48 @@ class Supervisor:
             if runner.crash_looped:
                 # Released for another host to try; we keep our hands off it for a while.
                 self.recently_shed[runner.shard_id] = self.now()
+                self._note_quarantine()
+
+    def _note_quarantine(self) -> None:
+        """Most of this host's shards crash-looping points at the host, not the shards: exit
+        70 so systemd's start limit or ECS's circuit breaker can act. One poison shard (which
+        would crash-loop anywhere) must not take every host down, so it takes at least two."""
+        now = self.now()
+        window = self.config.supervisor.restart_window
+        self._quarantined_at = [t for t in self._quarantined_at if now - t <= window] + [now]
+        recent = len(self._quarantined_at)
+        if recent >= 2 and recent * 2 > recent + len(self.runners):
+            log.error(
+                "%d of %d shards crash-looped within %ss: this host is unhealthy, exiting",
+                recent,
+                recent + len(self.runners),
+                window,
+            )
+            self.exit_code = exit_codes.INTERNAL
+            self.request_shutdown()
 
     # --- drain ---------------------------------------------------------------------------------
 
     def _stop_grace(self) -> float:
-        """Time a child gets to flush; the rest of shutdown_timeout covers SIGTERM and release."""
-        return max(0.5, self.config.supervisor.shutdown_timeout / 2)
+        """Time a child gets to flush. The rest of shutdown_timeout covers SIGTERM (a tenth of
+        it, at most 1 s), SIGKILL, the release write and our own exit."""
+        return max(0.25, self.config.supervisor.shutdown_timeout / 2)
 
     async def _drain(self) -> None:
         self.state = "draining"
         started = self.now()
         log.info("draining %d shards", len(self.runners))
+        budget = self.config.supervisor.shutdown_timeout
+        self.notifier.notify(stopping=1, status=self._status_line())
         for runner in list(self.runners.values()):
             runner.request_stop("shutdown", 0.0 if self._fast else self._stop_grace())
-        budget = self.config.supervisor.shutdown_timeout - 1.0
-        with trio.move_on_after(max(budget, 0.5)) as scope:
+        with trio.move_on_after(max(budget * 0.9, 0.5)) as scope:
             while self.runners:
-                await trio.sleep(0.02)
+                left = budget - (self.now() - started)
+                self.notifier.notify(extend_timeout_usec=int(max(left, 1.0) * 1e6))
+                with trio.move_on_after(1.0):
+                    while self.runners:
+                        await trio.sleep(0.02)
         if scope.cancelled_caught:
             log.error("drain overran shutdown_timeout; %d shards left", len(self.runners))
             self.exit_code = self.exit_code or exit_codes.INTERNAL
@@ -301,4 +367,4 @@ class Supervisor:
         }
 
 
-__all__ = ["Supervisor", "default_spawn"]
+__all__ = ["Supervisor", "default_spawn", "fresh_spawner"]

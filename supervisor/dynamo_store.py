@@ -437,7 +437,14 @@ class DynamoLeaseStore:
             },
         )
 
-    async def release(self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]) -> None:
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = "released",
+    ) -> None:
         # The epoch stays: the next take bumps it, so an epoch is never reused.
         await self._request(
             "release",
@@ -449,7 +456,7 @@ class DynamoLeaseStore:
             ExpressionAttributeNames=_names("checkpoint", "state", "owner", "epoch"),
             ExpressionAttributeValues={
                 ":cp": _checkpoint_value(checkpoint),
-                ":released": _s("released"),
+                ":released": _s(state),
                 ":me": _s(me),
                 ":epoch": _n(epoch),
             },

@@ -159,12 +159,19 @@ class MemoryLeaseStore:
         old = _owned(table, shard_id, me, epoch)
         table.shards[shard_id] = attrs.evolve(old, checkpoint=dict(checkpoint))
 
-    async def release(self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]) -> None:
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = "released",
+    ) -> None:
         table = await self._enter("release")
         old = _owned(table, shard_id, me, epoch)
         # The epoch stays: the next take bumps it, so an epoch is never reused.
         table.shards[shard_id] = attrs.evolve(
-            old, owner="", state="released", checkpoint=dict(checkpoint)
+            old, owner="", state=state, checkpoint=dict(checkpoint)
         )
 
 

@@ -1,9 +1,11 @@
 """When to restart a crashed child: exponential backoff with full jitter, pure and clock-injected.
 
-Full jitter (a uniform draw in [0, cap]) keeps a host whose children all crash at once from
-restarting them in lock-step. The attempt count resets once a child has stayed up for
-``reset_after``, so a child that crashes once a day always restarts fast. Too many crashes inside
-``window`` is a crash loop: the caller gives the shard up (see docs/architecture.md).
+The first crash after a healthy run restarts at once: a child that crashes once a day should
+cost milliseconds. Each further crash waits a full-jitter draw (uniform in [0, cap]) with the cap
+doubling from ``initial`` to ``maximum``, so a host whose children all crash at once does not
+restart them in lock-step. The count resets once a child has stayed up for ``reset_after``.
+Too many crashes inside ``window`` is a crash loop: the caller quarantines the shard
+(see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ class RestartPolicy:
         self._crashes.append(now)
         while self._crashes and now - self._crashes[0] > self.window:
             self._crashes.popleft()
-        cap = min(self.maximum, self.initial * 2**self._attempt)
+        delay = 0.0 if self._attempt == 0 else self.rng() * self.cap(self._attempt)
         self._attempt += 1
-        return RestartDecision(
-            delay=self.rng() * cap, crash_loop=len(self._crashes) > self.max_restarts
-        )
+        return RestartDecision(delay=delay, crash_loop=len(self._crashes) > self.max_restarts)
+
+    def cap(self, attempt: int) -> float:
+        """The jitter cap before restart number ``attempt`` (0 = the first: immediate)."""
+        return min(self.maximum, self.initial * 2 ** (attempt - 1)) if attempt else 0.0

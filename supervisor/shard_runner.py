@@ -25,7 +25,8 @@ from supervisor.store import LeaseConflict, LeaseStore, StoreUnavailable
 log = logging.getLogger("shardvisor.shard")
 
 HELLO_TIMEOUT = 10.0
-SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; this much later, SIGKILL
+STARTUP_GRACE = 10.0  # from start to ready a child gets at least this long (stream connects)
+MAX_SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; at most this much later, SIGKILL
 RELEASE_TIMEOUT = 5.0
 
 Spawn = Callable[[str], Awaitable[tuple[ChildHandle, list[tuple[str, Any]]]]]
@@ -60,6 +61,7 @@ class ShardRunner:
     crash_looped: bool = False
     _stop: trio.Event = attrs.field(factory=trio.Event)
     _stop_reason: str = ""
+    _stop_requested_at: float | None = None
     _stop_grace: float = 0.0
     _release: bool = True
     _lost: bool = False
@@ -67,6 +69,10 @@ class ShardRunner:
     _child_stopped: bool = False
     _child_started: bool = False  # start sent: fences may follow (never before start)
     _stored: dict[str, int] = attrs.field(factory=dict)  # last checkpoint the table accepted
+    _last_sign_of_life: float = 0.0
+    _ready: bool = False
+    _exit_reason: str = ""  # why the last child died, when we know better than its exit code
+    progress: p.Heartbeat | None = None
 
     def __attrs_post_init__(self) -> None:
         self._stored = dict(self.checkpoint)
@@ -74,6 +80,10 @@ class ShardRunner:
     @property
     def shard_id(self) -> str:
         return self.shard.id
+
+    @property
+    def sigterm_grace(self) -> float:
+        return min(MAX_SIGTERM_GRACE, self.ctx.config.supervisor.shutdown_timeout / 10)
 
     @property
     def lost(self) -> bool:
@@ -84,6 +94,7 @@ class ShardRunner:
         if self._stop.is_set():
             return
         self._stop_reason, self._stop_grace, self._release = reason, grace, release
+        self._stop_requested_at = self.ctx.now()
         self.state = "stopping"
         self._stop.set()
 
@@ -112,7 +123,11 @@ class ShardRunner:
     async def run(self) -> None:
         cfg = self.ctx.config.supervisor
         policy = RestartPolicy(
-            cfg.restart_backoff_initial, cfg.restart_backoff_max, cfg.restart_reset_after
+            cfg.restart_backoff_initial,
+            cfg.restart_backoff_max,
+            cfg.restart_reset_after,
+            max_restarts=cfg.max_restarts,
+            window=cfg.restart_window,
         )
         try:
             while not self._stop.is_set() and self.ctx.lease.is_valid(self.ctx.now()):
@@ -123,13 +138,19 @@ class ShardRunner:
                 decision = policy.child_crashed(self.ctx.now())
                 self.restarts += 1
                 if decision.crash_loop:
-                    log.error("crash loop: giving the shard up", extra=self._extra(code=code))
+                    log.error(
+                        "crash loop: %d restarts within %ss; quarantining the shard",
+                        cfg.max_restarts,
+                        cfg.restart_window,
+                        extra=self._extra(code=code),
+                    )
                     self.crash_looped = True
                     break
                 self.state = "backoff"
                 log.warning(
-                    "child exited with %s; restarting in %.3fs",
+                    "child exited with %s (%s); restarting in %.3fs",
                     code,
+                    self._exit_reason or _describe_exit(code),
                     decision.delay,
                     extra=self._extra(),
                 )
@@ -143,19 +164,31 @@ class ShardRunner:
         if self._lost or not self._release:
             self.state = "lost" if self._lost else "stopped"
             return
-        took = self.ctx.now() - self.taken_at
         with trio.move_on_after(RELEASE_TIMEOUT) as scope:
             await self._release_lease()
         if scope.cancelled_caught:
             log.error("release timed out; peers take over at lease expiry", extra=self._extra())
-        self.state = "stopped"
-        log.info("released after %.1fs held", took, extra=self._extra(checkpoint=self.checkpoint))
+        self.state = "quarantined" if self.crash_looped else "stopped"
+        now = self.ctx.now()
+        handover = now - (self._stop_requested_at or now)
+        log.info(
+            "%s: handed over in %.3fs (held %.1fs, reason %s)",
+            "quarantined" if self.crash_looped else "released",
+            handover,
+            now - self.taken_at,
+            self._stop_reason or "crash loop",
+            extra=self._extra(checkpoint=self.checkpoint),
+        )
 
     async def _release_lease(self) -> None:
         while True:
             try:
                 await self.ctx.store.release(
-                    self.shard_id, self.ctx.worker_id, self.epoch, self.checkpoint
+                    self.shard_id,
+                    self.ctx.worker_id,
+                    self.epoch,
+                    self.checkpoint,
+                    state="quarantined" if self.crash_looped else "released",
                 )
                 return
             except LeaseConflict:
@@ -168,11 +201,13 @@ class ShardRunner:
     async def _run_child_once(self) -> int | None:
         child, outputs = await self.ctx.spawn(self.shard_id)
         self._child, self._child_stopped, self._child_started = child, False, False
+        self._ready, self._exit_reason = False, ""
         try:
             async with trio.open_nursery() as nursery:
                 for name, stream in outputs:
                     nursery.start_soon(pump_output, self.shard_id, child.pid, name, stream)
                 nursery.start_soon(self._stop_watcher, child)
+                nursery.start_soon(self._hang_watcher, child)
                 try:
                     await self._converse(child)
                 except (ChildGone, p.ProtocolError, trio.BrokenResourceError) as exc:
@@ -192,7 +227,9 @@ class ShardRunner:
             raise ChildGone(f"expected hello v{p.PROTOCOL_VERSION}, got {hello!r}")
         await child.send(self._start_message())
         self._child_started = True
+        self._last_sign_of_life = self.ctx.now()
         while (msg := await child.receive()) is not None:
+            self._last_sign_of_life = self.ctx.now()
             await self._handle(msg)
 
     def _start_message(self) -> p.Start:
@@ -209,7 +246,10 @@ class ShardRunner:
         )
 
     async def _handle(self, msg: p.Message) -> None:
-        if isinstance(msg, p.Ready):
+        if isinstance(msg, p.Heartbeat):
+            self.progress = msg
+        elif isinstance(msg, p.Ready):
+            self._ready = True
             self.state = "running" if not self._stop.is_set() else self.state
             log.info("child ready", extra=self._extra(pid=self._child and self._child.pid))
         elif isinstance(msg, p.Checkpoint):
@@ -240,6 +280,24 @@ class ShardRunner:
             # Kept in self.checkpoint: the next checkpoint or the release carries it.
             log.warning("checkpoint not stored: %s", exc, extra=self._extra())
 
+    async def _hang_watcher(self, child: ChildHandle) -> None:
+        """No message for hang_timeout: the child's loop is blocked (CPU-bound code, deadlock)
+        or it is frozen. SIGKILL; the restart policy counts it as a crash (reason hang)."""
+        timeout = self.ctx.config.supervisor.hang_timeout
+        while True:
+            allowed = timeout if self._ready else max(timeout, STARTUP_GRACE)
+            if self._child_started and self.ctx.now() - self._last_sign_of_life > allowed:
+                break
+            await trio.sleep(min(0.25, timeout / 4))
+        silent = self.ctx.now() - self._last_sign_of_life
+        log.error(
+            "child hung: no heartbeat for %.1fs; SIGKILL",
+            silent,
+            extra=self._extra(pid=child.pid),
+        )
+        self._exit_reason = "hang"
+        child.signal(signal.SIGKILL)
+
     async def _stop_watcher(self, child: ChildHandle) -> None:
         await self._stop.wait()
         if self._lost:
@@ -253,9 +311,20 @@ class ShardRunner:
         await trio.sleep(grace)
         log.warning("child missed its stop deadline: SIGTERM", extra=self._extra(pid=child.pid))
         child.signal(signal.SIGTERM)
-        await trio.sleep(SIGTERM_GRACE)
+        await trio.sleep(self.sigterm_grace)
         log.error("child ignored SIGTERM: SIGKILL", extra=self._extra(pid=child.pid))
         child.signal(signal.SIGKILL)
 
     def _extra(self, **more: Any) -> dict[str, Any]:
         return {"shard": self.shard_id, "epoch": self.epoch, **more}
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return {1: "error", 2: "protocol error", 3: "fence deadline passed"}.get(code, "crash")

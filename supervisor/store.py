@@ -54,7 +54,7 @@ class ShardItem:
     epoch: int  # fencing token: +1 on every change of owner, never reused
     checkpoint: dict[str, int] = attrs.field(factory=dict)
     owner_since: float = 0.0  # wall clock, for humans only
-    state: str = ""  # "" | running | released
+    state: str = ""  # "" | running | released | quarantined
 
 
 @attrs.frozen
@@ -92,5 +92,15 @@ class LeaseStore(Protocol):
     ) -> None:
         """Store the checkpoint, conditional on owner = me and epoch = mine."""
 
-    async def release(self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]) -> None:
-        """Final checkpoint and give the shard up, conditional on owner = me and epoch = mine."""
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = "released",
+    ) -> None:
+        """Final checkpoint and give the shard up, conditional on owner = me and epoch = mine.
+
+        ``state`` is ``released``, or ``quarantined`` after a crash loop (peers may still take
+        it; ``status`` shows why it moved)."""

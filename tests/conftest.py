@@ -6,7 +6,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from fleet import SHARDS, STREAMS, Fleet
 from servers import ServerProcess, start_dynalite, start_moto_server
+
+from supervisor.feed import FeedServer
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +52,18 @@ def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "AWS_ENDPOINT_URL_DYNAMODB",
     ):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+async def fleet(tmp_path, ddb_url, table_name, nursery):
+    """A feed on 127.0.0.1 and a table; tests start real supervisor processes on them."""
+    feed = FeedServer(rate=200.0, stream_names=STREAMS)
+    port = await nursery.start(feed.serve, "127.0.0.1", 0)
+    fleet = Fleet(tmp_path, ddb_url, table_name, f"ws://127.0.0.1:{port}/feed", SHARDS, feed=feed)
+    await fleet.store.ensure_table(True)
+    try:
+        yield fleet
+    finally:
+        await fleet.stop_all()
+        for worker in fleet.procs:  # shown by pytest only when the test failed
+            print(f"===== {worker}.log =====\n{fleet.log(worker)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,9 @@ from supervisor.dynamo_store import DynamoLeaseStore
 from supervisor.sink_audit import StreamAudit, audit_sink_dir
 from supervisor.store import Snapshot
 
+SHARDS = {"s1": ["s1-a", "s1-b"], "s2": ["s2-a"], "s3": ["s3-a"], "s4": ["s4-a"]}
+STREAMS = [s for streams in SHARDS.values() for s in streams]
+
 # Short leases keep the tests fast; the same code runs with production values.
 DURATION, HEARTBEAT, RECONCILE = 2.0, 0.5, 0.5
 
@@ -29,7 +33,7 @@ class Fleet:
     feed_url: str
     shards: dict[str, Sequence[str]]  # shard -> stream ids
     procs: dict[str, trio.Process] = attrs.field(factory=dict)
-    extra: str = ""  # more TOML, appended to every worker's config
+    overrides: dict[str, dict[str, object]] = attrs.field(factory=dict)  # config sections
     feed: Any = None  # the FeedServer the streams come from
 
     _store: DynamoLeaseStore | None = None
@@ -41,17 +45,28 @@ class Fleet:
         return self._store
 
     def config_text(self, worker: str) -> str:
-        lines = [
-            f'[worker]\nid = "{worker}"',
-            f'[dynamodb]\ntable = "{self.table}"\nendpoint_url = "{self.ddb_url}"',
-            f'[lease]\nduration = "{DURATION}s"\nheartbeat_interval = "{HEARTBEAT}s"',
-            f'reconcile_interval = "{RECONCILE}s"',
-            '[supervisor]\nshutdown_timeout = "5s"\ncheckpoint_interval = "200ms"',
-            'restart_backoff_initial = "50ms"',
-            '[sink]\npath = "out/{shard}/{stream}.{epoch}.jsonl"',
-            '[log]\nlevel = "debug"',
-            self.extra,
-        ]
+        sections: dict[str, dict[str, object]] = {
+            "worker": {"id": worker},
+            "dynamodb": {"table": self.table, "endpoint_url": self.ddb_url},
+            "lease": {
+                "duration": f"{DURATION}s",
+                "heartbeat_interval": f"{HEARTBEAT}s",
+                "reconcile_interval": f"{RECONCILE}s",
+            },
+            "supervisor": {
+                "shutdown_timeout": "5s",
+                "checkpoint_interval": "200ms",
+                "restart_backoff_initial": "50ms",
+            },
+            "sink": {"path": "out/{shard}/{stream}.{epoch}.jsonl"},
+            "log": {"level": "debug"},
+        }
+        for section, values in self.overrides.items():
+            sections.setdefault(section, {}).update(values)
+        lines = []
+        for section, values in sections.items():
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
         for shard, streams in self.shards.items():
             lines.append(f'[[shards]]\nid = "{shard}"')
             for stream in streams:
@@ -60,7 +75,7 @@ class Fleet:
                 lines.append('sequence = "seq"')
         return "\n".join(lines) + "\n"
 
-    async def start(self, worker: str) -> trio.Process:
+    async def start(self, worker: str, env: dict[str, str] | None = None) -> trio.Process:
         config = self.workdir / f"{worker}.toml"
         config.write_text(self.config_text(worker))
         with (self.workdir / f"{worker}.log").open("ab") as log:
@@ -70,7 +85,8 @@ class Fleet:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                start_new_session=True,  # its own process group, for group-wide signals
             )
         self.procs[worker] = proc
         return proc
@@ -121,20 +137,39 @@ class Fleet:
                     await proc.wait()
 
 
-def child_pids(parent_pid: int) -> list[int]:
-    """Direct children of a process, from /proc (Linux)."""
-    found = []
+def _parents() -> dict[int, int]:
+    parents = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent_pid:
-            found.append(int(entry.name))
-    return found
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def child_pids(supervisor_pid: int) -> list[int]:
+    """The shard workers of a supervisor: its children when spawned fresh, the zygote's
+    children when forked by the zygote (the zygote process itself is not a worker)."""
+    parents = _parents()
+    zygotes = {
+        pid
+        for pid, ppid in parents.items()
+        if ppid == supervisor_pid and "shard_worker.zygote" in _cmdline(pid)
+    }
+    return sorted(
+        pid
+        for pid, ppid in parents.items()
+        if (ppid == supervisor_pid and pid not in zygotes) or ppid in zygotes
+    )
 
 
 def alive(pid: int) -> bool:

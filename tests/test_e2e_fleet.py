@@ -9,28 +9,9 @@ import sys
 
 import pytest
 import trio
-from fleet import DURATION, RECONCILE, Fleet, alive, child_pids
-
-from supervisor.feed import FeedServer
+from fleet import DURATION, RECONCILE, SHARDS, STREAMS, Fleet, alive, child_pids
 
 pytestmark = pytest.mark.slow
-
-SHARDS = {"s1": ["s1-a", "s1-b"], "s2": ["s2-a"], "s3": ["s3-a"], "s4": ["s4-a"]}
-STREAMS = [s for streams in SHARDS.values() for s in streams]
-
-
-@pytest.fixture
-async def fleet(tmp_path, ddb_url, table_name, nursery):
-    feed = FeedServer(rate=200.0, stream_names=STREAMS)
-    port = await nursery.start(feed.serve, "127.0.0.1", 0)
-    fleet = Fleet(tmp_path, ddb_url, table_name, f"ws://127.0.0.1:{port}/feed", SHARDS, feed=feed)
-    await fleet.store.ensure_table(True)
-    try:
-        yield fleet
-    finally:
-        await fleet.stop_all()
-        for worker in fleet.procs:  # shown by pytest only when the test failed
-            print(f"===== {worker}.log =====\n{fleet.log(worker)}")
 
 
 async def status_json(fleet: Fleet, worker: str) -> dict:

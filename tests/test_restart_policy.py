@@ -19,7 +19,7 @@ def test_backoff_doubles_up_to_the_maximum():
     for i in range(12):
         pol.child_started(i * 100.0)
         caps.append(pol.child_crashed(i * 100.0 + 1.0).delay)
-    assert caps[:4] == [0.1, 0.2, 0.4, 0.8]
+    assert caps[:5] == [0.0, 0.1, 0.2, 0.4, 0.8]  # the first restart is immediate
     assert caps[-1] == 30.0
 
 
@@ -29,7 +29,9 @@ def test_backoff_resets_after_a_healthy_run():
         pol.child_started(float(t))
         pol.child_crashed(t + 0.5)
     pol.child_started(10.0)
-    assert pol.child_crashed(70.0).delay == 0.1
+    assert pol.child_crashed(70.0).delay == 0.0  # healthy for reset_after: back to immediate
+    pol.child_started(70.5)
+    assert pol.child_crashed(71.0).delay == 0.1
 
 
 def test_too_many_crashes_in_the_window_is_a_crash_loop():
@@ -56,9 +58,11 @@ def test_crashes_outside_the_window_are_forgotten():
 def test_full_jitter_delay_is_always_within_zero_and_the_cap(draws, initial, maximum):
     it = iter(draws)
     pol = RestartPolicy(initial, maximum, 60.0, max_restarts=1000, rng=lambda: next(it))
-    for i, draw in enumerate(draws):
+    pol.child_started(0.0)
+    assert pol.child_crashed(0.5).delay == 0.0  # the first restart draws nothing
+    for i, draw in enumerate(draws, start=1):
         pol.child_started(float(i))
         delay = pol.child_crashed(i + 0.5).delay
-        cap = min(maximum, initial * 2**i)
+        cap = min(maximum, initial * 2 ** (i - 1))
         assert 0.0 <= delay <= cap
         assert abs(delay - draw * cap) < 1e-9
