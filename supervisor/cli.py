@@ -22,7 +22,7 @@ from supervisor import exit_codes
 from supervisor.config import Config
 from supervisor.config_loader import ConfigError, load_config, render_config
 from supervisor.logs import setup_logging
-from supervisor.store import LeaseStoreError
+from supervisor.store import LeaseConflict, LeaseStoreError
 
 log = logging.getLogger("shardvisor.cli")
 
@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     with_config("init-table", "create the DynamoDB table if it does not exist")
     status = with_config("status", "show workers and shards as the table has them")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    drain = with_config("drain", "a worker hands off all its shards and takes none")
+    drain.add_argument("worker", metavar="WORKER", help="worker id (see `status`)")
+    drain.add_argument("--undo", action="store_true", help="let the worker take shards again")
+    release = with_config("release", "the owner of a shard hands it off to a peer")
+    release.add_argument("shard", metavar="SHARD", help="shard id")
 
     feed = sub.add_parser("feed", help="run the reference sequenced WebSocket feed")
     feed.add_argument("--host", default="127.0.0.1")
@@ -75,7 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(render_config(config))
         return exit_codes.OK
     setup_logging(config.log.level)
-    handlers = {"run": _cmd_run, "init-table": _cmd_init_table, "status": _cmd_status}
+    handlers = {
+        "run": _cmd_run,
+        "init-table": _cmd_init_table,
+        "status": _cmd_status,
+        "drain": _cmd_drain,
+        "release": _cmd_release,
+    }
     try:
         return handlers[args.command](config, args)
     except LeaseStoreError as exc:
@@ -108,6 +119,45 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 
     status = fleet_status(trio.run(read), config, time.time())
     print(json.dumps(status, indent=2) if args.json else render_table(status))
+    return exit_codes.OK
+
+
+def _cmd_drain(config: Config, args: argparse.Namespace) -> int:
+    store = _store(config)
+
+    async def mark() -> None:
+        await store.ensure_table(False)
+        await store.request_drain(args.worker, time.time(), undo=args.undo)
+
+    try:
+        trio.run(mark)
+    except LeaseConflict:
+        print(
+            f"shardvisor: no worker {args.worker!r} in table {config.dynamodb.table}",
+            file=sys.stderr,
+        )
+        return exit_codes.NOT_FOUND
+    verb = "may take shards again" if args.undo else "hands off its shards at its next reconcile"
+    print(f"worker {args.worker} {verb}")
+    return exit_codes.OK
+
+
+def _cmd_release(config: Config, args: argparse.Namespace) -> int:
+    store = _store(config)
+
+    async def mark() -> None:
+        await store.ensure_table(False)
+        await store.request_release(args.shard, time.time())
+
+    try:
+        trio.run(mark)
+    except LeaseConflict:
+        print(
+            f"shardvisor: shard {args.shard!r} has no owner in table {config.dynamodb.table}",
+            file=sys.stderr,
+        )
+        return exit_codes.NOT_FOUND
+    print(f"shard {args.shard}: its owner hands it off at its next reconcile")
     return exit_codes.OK
 
 

@@ -25,11 +25,13 @@ from supervisor.store import (
     LeaseConflict,
     LeaseStore,
     LeaseStoreError,
+    Snapshot,
     StoreUnavailable,
     TableMissing,
     WorkerIdTaken,
     WorkerItem,
 )
+from supervisor.successor import pick_successors
 
 log = logging.getLogger("shardvisor.supervisor")
 
@@ -79,6 +81,8 @@ class Supervisor:
         self._shards = {s.id: s for s in config.shards}
         self.notifier = notifier if notifier is not None else Notifier()  # $NOTIFY_SOCKET
         self._ready_sent = False
+        self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
+        self._snapshot: Snapshot | None = None  # the last one read, to pick successors from
         self._quarantined_at: list[float] = []
 
     # --- control -------------------------------------------------------------------------------
@@ -173,7 +177,7 @@ class Supervisor:
             await trio.sleep(max(0.0, sent + interval - self.now()))
 
     async def _heartbeat_once(self, sent: float) -> None:
-        state = "draining" if self._shutdown.is_set() else "running"
+        state = "draining" if self._shutdown.is_set() or self.operator_drain else "running"
         try:
             with trio.fail_after(self.config.lease.duration / 2):
                 await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
@@ -245,8 +249,12 @@ class Supervisor:
     async def _reconcile_once(self) -> None:
         snapshot = await self.store.snapshot()
         now = self.now()
+        self._snapshot = snapshot
         self.tracker.observe(snapshot.workers, now)
-        accepting = not self._shutdown.is_set() and self.lease.is_valid(now)
+        self._apply_operator_requests(snapshot, now)
+        accepting = (
+            not self._shutdown.is_set() and not self.operator_drain and self.lease.is_valid(now)
+        )
         active = {sid: r for sid, r in self.runners.items() if not r.lost}
         plan = plan_round(
             me=self.worker_id,
@@ -262,15 +270,51 @@ class Supervisor:
         )
         for shard_id in plan.lost:
             self.runners[shard_id].lose("the table shows another owner or epoch")
+        successors = self._successors(plan.shed)
         for shard_id in plan.shed:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
-            self.runners[shard_id].request_stop("rebalance", self._stop_grace())
+            self.runners[shard_id].request_stop(
+                "rebalance", self._stop_grace(), successor=successors.get(shard_id, "")
+            )
         for take in plan.take:
             if take.shard_id in self.runners or not self.lease.is_valid(self.now()):
                 continue
             await self._take(self._shards[take.shard_id], take.expected_owner, take.expected_epoch)
         self.notifier.notify(status=self._status_line())
+
+    def _successors(self, shard_ids) -> dict[str, str]:
+        if self._snapshot is None or not shard_ids:
+            return {}
+        now = self.now()
+        live = [w for w in self.tracker.known() if self.tracker.is_live_member(w, now)]
+        return pick_successors(list(shard_ids), self.worker_id, live, self._snapshot.shards)
+
+    def _apply_operator_requests(self, snapshot, now: float) -> None:
+        """`shardvisor drain` / `release` leave marks in the table; the owner acts on them."""
+        mine = next((w for w in snapshot.workers if w.id == self.worker_id), None)
+        drain = mine is not None and mine.session == self.session and mine.drain_requested > 0
+        if drain != self.operator_drain:
+            self.operator_drain = drain
+            log.warning("operator %s", "drain: handing off every shard" if drain else "undrain")
+            self.state = "draining" if drain else "running"
+        handing_off = []
+        for item in snapshot.shards:
+            runner = self.runners.get(item.id)
+            wanted = drain or (item.release_requested > 0 and item.owner == self.worker_id)
+            if runner is None or runner.lost or runner.state == "stopping" or not wanted:
+                continue
+            if item.epoch == runner.epoch:  # else: a request for an earlier epoch of ours
+                handing_off.append(item.id)
+        successors = self._successors(handing_off)
+        for shard_id in handing_off:
+            log.info("operator request: handing off", extra={"shard": shard_id})
+            self.recently_shed[shard_id] = now
+            self.runners[shard_id].request_stop(
+                "operator drain" if drain else "operator release",
+                self._stop_grace(),
+                successor=successors.get(shard_id, ""),
+            )
 
     async def _take(self, shard: ShardConfig, expected_owner: str, expected_epoch: int) -> None:
         try:
@@ -334,8 +378,13 @@ class Supervisor:
         log.info("draining %d shards", len(self.runners))
         budget = self.config.supervisor.shutdown_timeout
         self.notifier.notify(stopping=1, status=self._status_line())
-        for runner in list(self.runners.values()):
-            runner.request_stop("shutdown", 0.0 if self._fast else self._stop_grace())
+        successors = self._successors(list(self.runners))
+        for shard_id, runner in list(self.runners.items()):
+            runner.request_stop(
+                "shutdown",
+                0.0 if self._fast else self._stop_grace(),
+                successor=successors.get(shard_id, ""),
+            )
         with trio.move_on_after(max(budget * 0.9, 0.5)) as scope:
             while self.runners:
                 left = budget - (self.now() - started)

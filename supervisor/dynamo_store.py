@@ -163,6 +163,7 @@ def _worker_from(item: Item) -> WorkerItem:
             started_at=_float(item, "started_at"),
             host=_str(item, "host"),
             pid=_int(item, "pid"),
+            drain_requested=_float(item, "drain_requested"),
         )
 
 
@@ -176,6 +177,8 @@ def _shard_from(item: Item) -> ShardItem:
             checkpoint={stream: int(pos["N"]) for stream, pos in checkpoint.items()},
             owner_since=_float(item, "owner_since"),
             state=_str(item, "state"),
+            release_requested=_float(item, "release_requested"),
+            successor=_str(item, "successor"),
         )
 
 
@@ -325,6 +328,30 @@ class DynamoLeaseStore:
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         await self._update_own_worker("retire_worker", worker_id, session, "stopped", wall_now)
 
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        await self._request(
+            "request_drain",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("worker", worker_id),
+            UpdateExpression="SET #drain_requested = :when",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames=_names("drain_requested"),
+            ExpressionAttributeValues={":when": _n(0 if undo else wall_now)},
+        )
+
+    async def request_release(self, shard_id: str, wall_now: float) -> None:
+        await self._request(
+            "request_release",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression="SET #release_requested = :when",
+            ConditionExpression="attribute_exists(#owner)",
+            ExpressionAttributeNames=_names("release_requested", "owner"),
+            ExpressionAttributeValues={":when": _n(wall_now)},
+        )
+
     async def _update_own_worker(
         self, op: str, worker_id: str, session: str, state: str, wall_now: float
     ) -> dict[str, Any]:
@@ -411,9 +438,12 @@ class DynamoLeaseStore:
             Key=_key("shard", shard_id),
             UpdateExpression=(
                 "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
+                " REMOVE #release_requested, #successor"
             ),
             ConditionExpression=f"#epoch = :expected_epoch AND {owner_condition}",
-            ExpressionAttributeNames=_names("owner", "epoch", "owner_since", "state"),
+            ExpressionAttributeNames=_names(
+                "owner", "epoch", "owner_since", "state", "release_requested", "successor"
+            ),
             ExpressionAttributeValues=values,
             ReturnValues="ALL_NEW",
         )
@@ -444,6 +474,7 @@ class DynamoLeaseStore:
         epoch: int,
         checkpoint: dict[str, int],
         state: str = "released",
+        successor: str = "",
     ) -> None:
         # The epoch stays: the next take bumps it, so an epoch is never reused.
         await self._request(
@@ -451,10 +482,18 @@ class DynamoLeaseStore:
             self._client.update_item,
             TableName=self.table,
             Key=_key("shard", shard_id),
-            UpdateExpression="SET #checkpoint = :cp, #state = :released REMOVE #owner",
+            UpdateExpression=(
+                "SET #checkpoint = :cp, #state = :released"
+                + (", #successor = :successor" if successor else "")
+                + " REMOVE #owner, #release_requested"
+                + ("" if successor else ", #successor")
+            ),
             ConditionExpression=_SAME_OWNER_AND_EPOCH,
-            ExpressionAttributeNames=_names("checkpoint", "state", "owner", "epoch"),
+            ExpressionAttributeNames=_names(
+                "checkpoint", "state", "owner", "epoch", "release_requested", "successor"
+            ),
             ExpressionAttributeValues={
+                **({":successor": _s(successor)} if successor else {}),
                 ":cp": _checkpoint_value(checkpoint),
                 ":released": _s(state),
                 ":me": _s(me),

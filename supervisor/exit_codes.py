@@ -2,5 +2,6 @@
 
 OK = 0
 INTERNAL = 70  # a bug, or a crash loop an outer supervisor should see (EX_SOFTWARE)
+NOT_FOUND = 66  # `drain`/`release` named a worker or shard the table does not have (EX_NOINPUT)
 STORE_UNAVAILABLE = 75  # the lease store was unreachable at start-up (EX_TEMPFAIL): retry later
 CONFIG = 78  # the configuration is invalid (EX_CONFIG): restarting will not help

@@ -26,6 +26,8 @@ OPERATIONS = frozenset(
     {
         "ensure_table",
         "register_worker",
+        "request_drain",
+        "request_release",
         "heartbeat",
         "retire_worker",
         "ensure_shard",
@@ -124,6 +126,20 @@ class MemoryLeaseStore:
 
     # --- shards -----------------------------------------------------------------------------
 
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        table = await self._enter("request_drain")
+        if worker_id not in table.workers:
+            raise LeaseConflict(f"no worker {worker_id!r}")
+        when = 0.0 if undo else wall_now
+        table.workers[worker_id] = attrs.evolve(table.workers[worker_id], drain_requested=when)
+
+    async def request_release(self, shard_id: str, wall_now: float) -> None:
+        table = await self._enter("request_release")
+        item = table.shards.get(shard_id)
+        if item is None or not item.owner:
+            raise LeaseConflict(f"shard {shard_id!r} has no owner")
+        table.shards[shard_id] = attrs.evolve(item, release_requested=wall_now)
+
     async def ensure_shard(self, shard_id: str) -> None:
         table = await self._enter("ensure_shard")
         table.shards.setdefault(shard_id, ShardItem(id=shard_id, owner="", epoch=0))
@@ -147,7 +163,13 @@ class MemoryLeaseStore:
                 f"take {shard_id}: not owned by {expected_owner!r}@{expected_epoch}"
             )
         new = attrs.evolve(
-            old, owner=me, epoch=expected_epoch + 1, owner_since=wall_now, state="running"
+            old,
+            owner=me,
+            epoch=expected_epoch + 1,
+            owner_since=wall_now,
+            state="running",
+            release_requested=0.0,
+            successor="",
         )
         table.shards[shard_id] = new
         return _copy(new)
@@ -166,12 +188,18 @@ class MemoryLeaseStore:
         epoch: int,
         checkpoint: dict[str, int],
         state: str = "released",
+        successor: str = "",
     ) -> None:
         table = await self._enter("release")
         old = _owned(table, shard_id, me, epoch)
         # The epoch stays: the next take bumps it, so an epoch is never reused.
         table.shards[shard_id] = attrs.evolve(
-            old, owner="", state=state, checkpoint=dict(checkpoint)
+            old,
+            owner="",
+            state=state,
+            checkpoint=dict(checkpoint),
+            release_requested=0.0,
+            successor=successor,
         )
 
 

@@ -62,6 +62,7 @@ class ShardRunner:
     _stop: trio.Event = attrs.field(factory=trio.Event)
     _stop_reason: str = ""
     _stop_requested_at: float | None = None
+    successor: str = ""  # named in the released item: this peer takes the shard first
     _stop_grace: float = 0.0
     _release: bool = True
     _lost: bool = False
@@ -89,10 +90,13 @@ class ShardRunner:
     def lost(self) -> bool:
         return self._lost
 
-    def request_stop(self, reason: str, grace: float, *, release: bool = True) -> None:
+    def request_stop(
+        self, reason: str, grace: float, *, release: bool = True, successor: str = ""
+    ) -> None:
         """Graceful: Stop message, wait ``grace``, then SIGTERM, then SIGKILL; then release."""
         if self._stop.is_set():
             return
+        self.successor = successor
         self._stop_reason, self._stop_grace, self._release = reason, grace, release
         self._stop_requested_at = self.ctx.now()
         self.state = "stopping"
@@ -172,11 +176,12 @@ class ShardRunner:
         now = self.ctx.now()
         handover = now - (self._stop_requested_at or now)
         log.info(
-            "%s: handed over in %.3fs (held %.1fs, reason %s)",
+            "%s: handed over in %.3fs (held %.1fs, reason %s, successor %s)",
             "quarantined" if self.crash_looped else "released",
             handover,
             now - self.taken_at,
             self._stop_reason or "crash loop",
+            self.successor or "any",
             extra=self._extra(checkpoint=self.checkpoint),
         )
 
@@ -189,6 +194,7 @@ class ShardRunner:
                     self.epoch,
                     self.checkpoint,
                     state="quarantined" if self.crash_looped else "released",
+                    successor="" if self.crash_looped else self.successor,
                 )
                 return
             except LeaseConflict:

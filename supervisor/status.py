@@ -24,6 +24,8 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
         state = w.state
         if state != "stopped" and age > config.lease.duration:
             state = "dead"
+        elif state == "running" and w.drain_requested:
+            state = "draining"  # requested; the worker confirms at its next heartbeat
         workers.append(
             {
                 "id": w.id,
@@ -41,11 +43,17 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             "owner": s.owner or None,
             "epoch": s.epoch,
             "checkpoint": dict(sorted(s.checkpoint.items())),
-            "state": s.state or ("running" if s.owner else "unowned"),
+            "state": _shard_state(s),
         }
         for s in snapshot.shards
     ]
     return {"workers": workers, "shards": shards}
+
+
+def _shard_state(shard) -> str:
+    if shard.owner and shard.release_requested:
+        return "handing-off"
+    return shard.state or ("running" if shard.owner else "unowned")
 
 
 def render_table(status: dict[str, Any]) -> str:

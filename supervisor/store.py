@@ -45,6 +45,7 @@ class WorkerItem:
     started_at: float
     host: str = ""
     pid: int = 0
+    drain_requested: float = 0.0  # wall time of `shardvisor drain`, 0 = none
 
 
 @attrs.frozen
@@ -55,6 +56,8 @@ class ShardItem:
     checkpoint: dict[str, int] = attrs.field(factory=dict)
     owner_since: float = 0.0  # wall clock, for humans only
     state: str = ""  # "" | running | released | quarantined
+    release_requested: float = 0.0  # wall time of `shardvisor release`, 0 = none
+    successor: str = ""  # named on a graceful release: this worker takes it first
 
 
 @attrs.frozen
@@ -75,6 +78,13 @@ class LeaseStore(Protocol):
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         """Mark our worker item stopped (clean exit), conditional on our session."""
+
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        """Ask a worker to hand off all its shards and take none (``undo``: take them again).
+        TableMissing/LeaseConflict if there is no such worker."""
+
+    async def request_release(self, shard_id: str, wall_now: float) -> None:
+        """Ask the owner to hand the shard off gracefully. LeaseConflict if it has no owner."""
 
     async def ensure_shard(self, shard_id: str) -> None:
         """Create the shard item unowned at epoch 0 if it does not exist yet."""
@@ -99,8 +109,10 @@ class LeaseStore(Protocol):
         epoch: int,
         checkpoint: dict[str, int],
         state: str = "released",
+        successor: str = "",
     ) -> None:
         """Final checkpoint and give the shard up, conditional on owner = me and epoch = mine.
+        ``successor`` (a live peer) takes it first, even when at its fair share.
 
         ``state`` is ``released``, or ``quarantined`` after a crash loop (peers may still take
         it; ``status`` shows why it moved)."""

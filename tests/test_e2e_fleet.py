@@ -138,3 +138,47 @@ async def test_two_supervisors_started_together_split_the_shards_with_one_writer
         for record in audit.records:
             writers.setdefault(record.epoch, set()).add(record.worker)
         assert all(len(w) == 1 for w in writers.values()), f"{stream}: {writers}"
+
+
+async def shardvisor_cli(fleet: Fleet, *args: str) -> int:
+    result = await trio.run_process(
+        [sys.executable, "-m", "supervisor", *args, "-c", "w1.toml"],
+        cwd=fleet.workdir,
+        check=False,
+        capture_stdout=True,
+        capture_stderr=True,
+    )
+    return result.returncode
+
+
+async def test_operator_release_and_drain_hand_off_without_loss_or_duplicates(fleet):
+    with trio.fail_after(60):
+        await fleet.start("w1")
+        await fleet.start("w2")
+        with trio.fail_after(25):
+            while sorted((await fleet.owners()).values()) != ["w1", "w1", "w2", "w2"]:
+                await trio.sleep(0.1)
+        for stream in STREAMS:
+            await fleet.wait_written(stream, 1, timeout=10)
+        before = await fleet.owners()
+        shard = next(s for s, o in before.items() if o == "w1")
+        assert await shardvisor_cli(fleet, "release", shard) == 0
+        with trio.fail_after(RECONCILE * 2 + 5):  # handed to w2 (w1 keeps its hands off)
+            while (await fleet.owners())[shard] != "w2":
+                await trio.sleep(0.05)
+        assert await shardvisor_cli(fleet, "drain", "w2") == 0
+        with trio.fail_after(RECONCILE * 2 + 5):
+            while set((await fleet.owners()).values()) != {"w1"}:
+                await trio.sleep(0.05)
+        status = await status_json(fleet, "w1")
+        states = {w["id"]: w["state"] for w in status["workers"]}
+        assert states == {"w1": "running", "w2": "draining"}
+        assert fleet.procs["w2"].returncode is None  # drained, not stopped
+        assert await shardvisor_cli(fleet, "release", "no-such-shard") == 66
+        assert await shardvisor_cli(fleet, "drain", "no-such-worker") == 66
+        for stream in STREAMS:
+            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await fleet.stop_all()
+    assert_no_gap_and_no_overlap(fleet)
+    for stream, audit in fleet.audit().items():
+        assert audit.rewritten == 0, f"{stream}: a graceful hand-off wrote records twice"

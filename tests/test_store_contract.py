@@ -280,3 +280,45 @@ async def test_memory_knobs_inject_failures(autojump_clock: trio.testing.MockClo
     assert store.request_counts["heartbeat"] == 3
     with pytest.raises(ValueError, match="unknown operation"):
         store.fail_next("heartbeats", StoreUnavailable("typo"))
+
+
+async def test_drain_request_marks_the_worker_and_undo_clears_it(store: LeaseStore) -> None:
+    with pytest.raises(LeaseConflict):
+        await store.request_drain("nobody", 5.0)
+    await store.register_worker(worker())
+    await store.request_drain("w1", 5.0)
+    (stored,) = (await store.snapshot()).workers
+    assert stored.drain_requested == 5.0
+    await store.heartbeat("w1", "s1", "draining", 6.0)  # heartbeats keep the mark
+    assert (await store.snapshot()).workers[0].drain_requested == 5.0
+    await store.request_drain("w1", 7.0, undo=True)
+    assert (await store.snapshot()).workers[0].drain_requested == 0.0
+
+
+async def test_release_request_needs_an_owner_and_clears_on_release_and_take(
+    store: LeaseStore,
+) -> None:
+    await store.ensure_shard("a")
+    with pytest.raises(LeaseConflict):
+        await store.request_release("a", 1.0)  # unowned: nobody to ask
+    await store.take("a", "w1", "", 0, 2.0)
+    await store.request_release("a", 3.0)
+    assert (await stored_shard(store, "a")).release_requested == 3.0
+    await store.release("a", "w1", 1, {"s": 9})
+    released = await stored_shard(store, "a")
+    assert (released.owner, released.release_requested, released.state) == ("", 0.0, "released")
+    await store.take("a", "w2", "", 1, 4.0)
+    await store.request_release("a", 5.0)
+    await store.take("a", "w3", "w2", 2, 6.0)  # a dead owner's shard taken over
+    assert (await stored_shard(store, "a")).release_requested == 0.0
+
+
+async def test_release_names_a_successor_and_the_next_take_clears_it(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.release("a", "w1", 1, {"s": 4}, successor="w2")
+    assert (await stored_shard(store, "a")).successor == "w2"
+    await store.take("a", "w2", "", 1, 2.0)
+    assert (await stored_shard(store, "a")).successor == ""
+    await store.release("a", "w2", 2, {"s": 5})  # no successor named: none stored
+    assert (await stored_shard(store, "a")).successor == ""
