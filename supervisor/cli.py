@@ -123,41 +123,38 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_drain(config: Config, args: argparse.Namespace) -> int:
-    store = _store(config)
-
-    async def mark() -> None:
-        await store.ensure_table(False)
-        await store.request_drain(args.worker, time.time(), undo=args.undo)
-
-    try:
-        trio.run(mark)
-    except LeaseConflict:
-        print(
-            f"shardvisor: no worker {args.worker!r} in table {config.dynamodb.table}",
-            file=sys.stderr,
-        )
-        return exit_codes.NOT_FOUND
     verb = "may take shards again" if args.undo else "hands off its shards at its next reconcile"
-    print(f"worker {args.worker} {verb}")
-    return exit_codes.OK
+    return _mark_in_table(
+        config,
+        lambda store: store.request_drain(args.worker, time.time(), undo=args.undo),
+        missing=f"no worker {args.worker!r}",
+        done=f"worker {args.worker} {verb}",
+    )
 
 
 def _cmd_release(config: Config, args: argparse.Namespace) -> int:
+    return _mark_in_table(
+        config,
+        lambda store: store.request_release(args.shard, time.time()),
+        missing=f"shard {args.shard!r} has no owner",
+        done=f"shard {args.shard}: its owner hands it off at its next reconcile",
+    )
+
+
+def _mark_in_table(config: Config, request, *, missing: str, done: str) -> int:
+    """An operator request is a mark in the table; the owning supervisor acts on it."""
     store = _store(config)
 
     async def mark() -> None:
         await store.ensure_table(False)
-        await store.request_release(args.shard, time.time())
+        await request(store)
 
     try:
         trio.run(mark)
     except LeaseConflict:
-        print(
-            f"shardvisor: shard {args.shard!r} has no owner in table {config.dynamodb.table}",
-            file=sys.stderr,
-        )
+        print(f"shardvisor: {missing} in table {config.dynamodb.table}", file=sys.stderr)
         return exit_codes.NOT_FOUND
-    print(f"shard {args.shard}: its owner hands it off at its next reconcile")
+    print(done)
     return exit_codes.OK
 
 
