@@ -10,6 +10,7 @@ from shard_worker.protocol import SinkSpec, StreamSpec
 @attrs.frozen
 class WorkerConfig:
     id: str = ""  # "" = derive at start: ECS task id, else "<hostname>-<pid>"
+    max_shards: int = 0  # most shards this worker runs at once; 0 = no cap
 
 
 @attrs.frozen

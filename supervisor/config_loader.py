@@ -185,6 +185,7 @@ _CHECKS: dict[str, dict[str, Check]] = {
             r"(?:[A-Za-z0-9_.:-]{1,128})?",
             'be "" (derive at start) or 1-128 characters of A-Z a-z 0-9 _ . : -',
         ),
+        "max_shards": _integer(0, 100_000),
     },
     "dynamodb": {
         "table": _matching(r"[A-Za-z0-9_.-]{3,255}", "be 3-255 characters of A-Z a-z 0-9 _ . -"),

@@ -157,6 +157,7 @@ class Supervisor:
             started_at=wall,
             host=socket.gethostname(),
             pid=os.getpid(),
+            max_shards=self.config.worker.max_shards,
         )
         await self.store.register_worker(item)
         self.lease.heartbeat_succeeded(sent)
@@ -267,6 +268,8 @@ class Supervisor:
             accepting=accepting,
             min_dwell=self.config.lease.duration,
             recently_shed=self.recently_shed,
+            max_shards=self.config.worker.max_shards,
+            peer_caps={w.id: w.max_shards for w in snapshot.workers},
         )
         for shard_id in plan.lost:
             self.runners[shard_id].lose("the table shows another owner or epoch")

@@ -117,6 +117,7 @@ def _worker_item(worker: WorkerItem) -> Item:
         "heartbeat_at": _n(worker.heartbeat_at),
         "started_at": _n(worker.started_at),
         "pid": _n(worker.pid),
+        "max_shards": _n(worker.max_shards),
     }
     return _with_strings(item, session=worker.session, state=worker.state, host=worker.host)
 
@@ -164,6 +165,7 @@ def _worker_from(item: Item) -> WorkerItem:
             host=_str(item, "host"),
             pid=_int(item, "pid"),
             drain_requested=_float(item, "drain_requested"),
+            max_shards=_int(item, "max_shards"),
         )
 
 

@@ -46,6 +46,7 @@ class WorkerItem:
     host: str = ""
     pid: int = 0
     drain_requested: float = 0.0  # wall time of `shardvisor drain`, 0 = none
+    max_shards: int = 0  # its cap, advertised so every worker computes the same targets
 
 
 @attrs.frozen

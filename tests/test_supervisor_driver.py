@@ -6,13 +6,14 @@ real processes and real servers in test_e2e_fleet.py.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 import trio.testing
 from fake_child import FakeChild, Write
 
 from shard_worker.protocol import StreamSpec
-from supervisor.config import Config, LeaseConfig, ShardConfig, SupervisorConfig
+from supervisor.config import Config, LeaseConfig, ShardConfig, SupervisorConfig, WorkerConfig
 from supervisor.daemon import Supervisor
 from supervisor.memory_store import MemoryLeaseStore
 
@@ -44,14 +45,16 @@ class Harness:
         self.crashing: set[str] = set()
         self.config = config(shards)
 
-    def supervisor(self, worker: str, store: MemoryLeaseStore | None = None) -> Supervisor:
+    def supervisor(
+        self, worker: str, store: MemoryLeaseStore | None = None, config: Config | None = None
+    ) -> Supervisor:
         async def spawn(shard_id: str):
             child = FakeChild(shard_id, self.writes, crash_after_ready=shard_id in self.crashing)
             self.children.append(child)
             return child, []
 
         return Supervisor(
-            self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
+            config or self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
         )
 
     async def owners(self) -> dict[str, tuple[str, int]]:
@@ -175,3 +178,15 @@ async def test_second_signal_takes_the_fast_path(autojump_clock):
         sup.request_shutdown()
     assert trio.current_time() - started < 1.0
     assert all(s.owner == "" for s in (await h.store.snapshot()).shards)
+
+
+async def test_a_capped_worker_runs_at_most_its_cap_and_peers_take_the_rest(autojump_clock):
+    h = Harness(shards=5)
+    capped = attrs.evolve(h.config, worker=WorkerConfig(max_shards=1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.supervisor("w1", config=capped).run)
+        await nursery.start(h.supervisor("w2", h.store.peer()).run)
+        await trio.sleep(4 * DURATION)  # past every dwell: balanced for good
+        owners = [o for o, _ in (await h.owners()).values()]
+        assert sorted(owners) == ["w1", "w2", "w2", "w2", "w2"]
+        nursery.cancel_scope.cancel()
