@@ -45,21 +45,16 @@ class ChildHandle(Protocol):
     async def aclose(self) -> None: ...
 
 
-class ChildProcess:
-    """A real ``python -m shard_worker`` process."""
+class PipeConversation:
+    """Our ends of a child's two pipes: whole messages out (serialized), decoded messages in.
+    Shared by every kind of child handle, fresh or forked by the zygote."""
 
-    def __init__(self, process: trio.Process, control: trio.lowlevel.FdStream, report) -> None:
-        self._process = process
+    def __init__(self, control: trio.abc.SendStream, report: trio.abc.ReceiveStream) -> None:
         self._control = control
         self._report = report
         self._decoder = Decoder()
         self._pending: list[Message] = []
         self._send_lock = trio.Lock()
-        self.pid = process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.returncode
 
     async def send(self, msg: Message) -> None:
         async with self._send_lock:
@@ -73,6 +68,19 @@ class ChildProcess:
             self._decoder.feed(data)
             self._pending.extend(self._decoder)
         return self._pending.pop(0)
+
+
+class ChildProcess(PipeConversation):
+    """A real ``python -m shard_worker`` process."""
+
+    def __init__(self, process: trio.Process, control: trio.lowlevel.FdStream, report) -> None:
+        super().__init__(control, report)
+        self._process = process
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
 
     async def wait(self) -> int:
         return await self._process.wait()
@@ -145,4 +153,11 @@ async def pump_output(shard_id: str, pid: int, name: str, stream: trio.abc.Recei
     await stream.aclose()
 
 
-__all__ = ["ChildHandle", "ChildProcess", "ProtocolError", "pump_output", "spawn_child"]
+__all__ = [
+    "ChildHandle",
+    "ChildProcess",
+    "PipeConversation",
+    "ProtocolError",
+    "pump_output",
+    "spawn_child",
+]

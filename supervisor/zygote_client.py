@@ -28,8 +28,7 @@ from typing import Any
 import attrs
 import trio
 
-from shard_worker.protocol import Decoder, Message, encode
-from supervisor.child_process import ChildHandle, spawn_child
+from supervisor.child_process import ChildHandle, PipeConversation, spawn_child
 
 log = logging.getLogger("shardvisor.zygote")
 
@@ -41,7 +40,6 @@ KILL_TIMEOUT = 5.0  # from SIGKILL to death; longer means the kernel is stuck (D
 RESTART_INITIAL, RESTART_MAX = 0.5, 10.0
 RESTART_RESET_AFTER = 30.0  # a zygote up this long restarts fast again when it dies
 MAX_MESSAGE = 4096
-_READ_SIZE = 65536
 _FD = array.array("i").itemsize
 
 Outputs = list[tuple[str, trio.abc.ReceiveStream]]
@@ -255,7 +253,7 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     return list(fds)
 
 
-class ZygoteChild:
+class ZygoteChild(PipeConversation):
     """A shard worker forked by the zygote: a ``ChildHandle`` over its pidfd and pipes."""
 
     def __init__(
@@ -265,13 +263,9 @@ class ZygoteChild:
         report: trio.lowlevel.FdStream,
         outputs: Sequence[trio.lowlevel.FdStream] = (),
     ) -> None:
+        super().__init__(control, report)
         self._exit = child_exit
-        self._control = control
-        self._report = report
         self._outputs = tuple(outputs)
-        self._decoder = Decoder()
-        self._pending: list[Message] = []
-        self._send_lock = trio.Lock()
         self._wait_lock = trio.Lock()
         self._closed = False
         self.pid = child_exit.pid
@@ -279,19 +273,6 @@ class ZygoteChild:
     @property
     def returncode(self) -> int | None:
         return self._exit.code
-
-    async def send(self, msg: Message) -> None:
-        async with self._send_lock:
-            await self._control.send_all(encode(msg))
-
-    async def receive(self) -> Message | None:
-        while not self._pending:
-            if self._decoder.at_eof:
-                return None
-            data = await self._report.receive_some(_READ_SIZE)
-            self._decoder.feed(data)
-            self._pending.extend(self._decoder)
-        return self._pending.pop(0)
 
     async def wait(self) -> int:
         """Death shows on the pidfd at once; the exit code comes from the zygote just after."""
