@@ -7,6 +7,7 @@ line per problem and exits 78, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -135,10 +136,18 @@ def _cmd_drain(config: Config, args: argparse.Namespace) -> int:
 def _cmd_release(config: Config, args: argparse.Namespace) -> int:
     return _mark_in_table(
         config,
-        lambda store: store.request_release(args.shard, time.time()),
+        lambda store: _release_and_poke(store, args.shard),
         missing=f"shard {args.shard!r} has no owner",
         done=f"shard {args.shard}: its owner hands it off at its next reconcile",
     )
+
+
+async def _release_and_poke(store, shard_id: str) -> None:
+    """The mark, then a poke: the owner re-reads the table at its next reconcile (it does
+    not scan every round), so the hand-off starts within one reconcile interval."""
+    owner = await store.request_release(shard_id, time.time())
+    with contextlib.suppress(LeaseConflict):  # the owner's item is gone: nobody to tell
+        await store.poke(owner)
 
 
 def _mark_in_table(config: Config, request, *, missing: str, done: str) -> int:
@@ -174,13 +183,16 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
     supervisor = Supervisor(config, worker_id, _store(config), spawn=spawn)
 
     async def main_task() -> int:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
 
                 async def forward_signals() -> None:
                     async for signum in signals:
                         log.info("received %s", signal.Signals(signum).name)
-                        supervisor.request_shutdown()
+                        if signum == signal.SIGHUP:
+                            await _reload(supervisor, args.config)
+                        else:
+                            supervisor.request_shutdown()
 
                 nursery.start_soon(forward_signals)
                 if spawner is not None:
@@ -190,6 +202,21 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
         return code
 
     return trio.run(main_task)
+
+
+async def _reload(supervisor, path: str) -> None:
+    """SIGHUP: a config file that no longer parses is reported and changes nothing."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        log.error(
+            "reload: %s is invalid, keeping the running config: %s", path, "; ".join(exc.problems)
+        )
+        return
+    try:
+        await supervisor.reload(config)
+    except LeaseStoreError as exc:
+        log.error("reload: lease store: %s (send SIGHUP again to retry)", exc)
 
 
 def _cmd_feed(args: argparse.Namespace) -> int:

@@ -29,6 +29,12 @@ class LeaseConfig:
     # The owner stops writing at (heartbeat sent + duration - safety_margin). 0 = derive:
     # a fifth of the duration, so a peer can never take a shard its old owner still writes.
     safety_margin: float = 0.0
+    # Between full scans a reconcile round reads only the worker items and the vacant shards
+    # (sparse index); a full scan still runs this often (at most once a round), and whenever
+    # the fleet changes.
+    full_scan_interval: float = 60.0
+    # How often to look for shards handed to this worker by name (0 = only at reconcile).
+    handoff_poll_interval: float = 0.25
 
     @property
     def effective_safety_margin(self) -> float:

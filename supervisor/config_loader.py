@@ -198,6 +198,8 @@ _CHECKS: dict[str, dict[str, Check]] = {
         "heartbeat_interval": _duration(),
         "reconcile_interval": _duration(),
         "safety_margin": _duration(allow_zero=True),
+        "full_scan_interval": _duration(),
+        "handoff_poll_interval": _duration(allow_zero=True),
     },
     "supervisor": {
         "shutdown_timeout": _duration(),

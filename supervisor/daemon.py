@@ -13,14 +13,17 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 
 from supervisor import exit_codes
 from supervisor.child_process import spawn_child
 from supervisor.config import Config, ShardConfig
+from supervisor.config_loader import ConfigError
 from supervisor.lease_core import OwnLease, PeerTracker, plan_round
 from supervisor.sd_notify import Notifier
 from supervisor.shard_runner import RunnerContext, ShardRunner, Spawn
+from supervisor.shard_spec import decode_spec
 from supervisor.store import (
     LeaseConflict,
     LeaseStore,
@@ -28,6 +31,7 @@ from supervisor.store import (
     Snapshot,
     StoreUnavailable,
     TableMissing,
+    VacantShard,
     WorkerIdTaken,
     WorkerItem,
 )
@@ -78,11 +82,19 @@ class Supervisor:
         self._shutdown = trio.Event()
         self._fast = False
         self._nursery: trio.Nursery | None = None
-        self._shards = {s.id: s for s in config.shards}
+        self._shards = {s.id: s for s in config.shards}  # from the TOML file (SIGHUP reloads)
+        # Every shard this worker may run: the TOML ones, and the ones registered in the
+        # table (`shardvisor shards add`), as of the last full scan.
+        self._runnable: dict[str, ShardConfig] = dict(self._shards)
+        self._bad_specs: dict[str, str] = {}  # shard -> spec already reported as invalid
         self.notifier = notifier if notifier is not None else Notifier()  # $NOTIFY_SOCKET
         self._ready_sent = False
         self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
-        self._snapshot: Snapshot | None = None  # the last one read, to pick successors from
+        self._snapshot: Snapshot | None = None  # the last full scan (workers: last round's)
+        self._scanned_at = float("-inf")
+        self._rescan = True  # our own leases changed: the next round scans the whole table
+        self._seen_signature: object = None  # what the last cheap round saw (see _scan_due)
+        self._taking: set[str] = set()
         self._quarantined_at: list[float] = []
 
     # --- control -------------------------------------------------------------------------------
@@ -97,6 +109,48 @@ class Supervisor:
                     runner.request_stop("fast shutdown", 0.0)
             return
         self._shutdown.set()
+
+    async def reload(self, config: Config) -> None:
+        """SIGHUP: take the shard list of a re-read config file. Only shards whose definition
+        changed restart (handed back to ourselves: a new epoch, resumed from the checkpoint);
+        removed ones are handed off; added ones are registered. Other settings need a restart."""
+        ignored = [
+            name
+            for name in ("worker", "dynamodb", "lease", "supervisor", "sink", "log")
+            if getattr(config, name) != getattr(self.config, name)
+        ]
+        if ignored:
+            log.warning(
+                "reload: [%s] changed; those settings apply at the next restart",
+                "] [".join(ignored),
+            )
+        new = {shard.id: shard for shard in config.shards}
+        old = self._shards
+        added = sorted(new.keys() - old.keys())
+        removed = sorted(old.keys() - new.keys())
+        changed = sorted(sid for sid in new.keys() & old.keys() if new[sid] != old[sid])
+        log.info(
+            "reload: %d shards added, %d removed, %d changed, %d unchanged",
+            len(added),
+            len(removed),
+            len(changed),
+            len(new) - len(added) - len(changed),
+        )
+        for shard_id in added:
+            await self.store.ensure_shard(shard_id)
+        self._shards = new
+        if self._snapshot is not None:
+            self._refresh_runnable(self._snapshot)
+        else:
+            self._runnable = dict(new)
+        for shard_id in changed:
+            runner = self.runners.get(shard_id)
+            if runner is not None and not runner.lost and runner.state != "stopping":
+                log.info("reload: definition changed, restarting", extra={"shard": shard_id})
+                runner.request_stop(
+                    "definition changed", self._stop_grace(), successor=self.worker_id
+                )
+        self._rescan = True  # removed shards are handed off by the next round
 
     # --- main ----------------------------------------------------------------------------------
 
@@ -115,6 +169,8 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
+            if self.config.lease.handoff_poll_interval > 0:
+                nursery.start_soon(self._handoff_poll_loop)
             if self.notifier.watchdog_interval:
                 nursery.start_soon(self._systemd_watchdog, self.notifier.watchdog_interval)
             task_status.started()
@@ -248,21 +304,34 @@ class Supervisor:
             await trio.sleep(self.config.lease.reconcile_interval)
 
     async def _reconcile_once(self) -> None:
-        snapshot = await self.store.snapshot()
+        """One round. Reads the worker items and the vacant shards; scans the whole table only
+        when something changed (see _scan_due), so a steady fleet reads O(workers) per round."""
+        workers = await self.store.read_workers()
         now = self.now()
+        self.tracker.observe(workers, now)
+        vacant = await self.store.vacant_shards()
+        scan = self._scan_due(workers, vacant, now)
+        if scan:
+            snapshot = await self.store.snapshot()
+            now = self.now()
+            self.tracker.observe(snapshot.workers, now)
+            self._scanned_at = now
+            self._rescan = False
+            self._refresh_runnable(snapshot)
+        else:
+            assert self._snapshot is not None
+            snapshot = attrs.evolve(self._snapshot, workers=workers)
         self._snapshot = snapshot
-        self.tracker.observe(snapshot.workers, now)
+        self._seen_signature = self._signature(workers, vacant, now)
         self._apply_operator_requests(snapshot, now)
-        accepting = (
-            not self._shutdown.is_set() and not self.operator_drain and self.lease.is_valid(now)
-        )
+        accepting = self._accepting(now)
         active = {sid: r for sid, r in self.runners.items() if not r.lost}
         plan = plan_round(
             me=self.worker_id,
             held={sid: r.epoch for sid, r in active.items()},
             held_since={sid: r.taken_at for sid, r in active.items()},
             shards=snapshot.shards,
-            configured=self._shards,
+            configured=self._runnable,
             tracker=self.tracker,
             now=now,
             accepting=accepting,
@@ -271,8 +340,12 @@ class Supervisor:
             max_shards=self.config.worker.max_shards,
             peer_caps={w.id: w.max_shards for w in snapshot.workers},
         )
-        for shard_id in plan.lost:
-            self.runners[shard_id].lose("the table shows another owner or epoch")
+        # "Lost" needs a fresh view of our own items; between scans our checkpoint writes
+        # (conditional on owner and epoch) find a lost lease anyway.
+        for shard_id in plan.lost if scan else ():
+            runner = self.runners[shard_id]
+            if runner.state != "stopping":  # a retired or removed shard stops gracefully
+                runner.lose("the table shows another owner or epoch")
         successors = self._successors(plan.shed)
         for shard_id in plan.shed:
             log.info("handing off for balance", extra={"shard": shard_id})
@@ -281,10 +354,69 @@ class Supervisor:
                 "rebalance", self._stop_grace(), successor=successors.get(shard_id, "")
             )
         for take in plan.take:
-            if take.shard_id in self.runners or not self.lease.is_valid(self.now()):
-                continue
-            await self._take(self._shards[take.shard_id], take.expected_owner, take.expected_epoch)
+            if not self.lease.is_valid(self.now()):
+                break
+            await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         self.notifier.notify(status=self._status_line())
+
+    def _accepting(self, now: float) -> bool:
+        return not self._shutdown.is_set() and not self.operator_drain and self.lease.is_valid(now)
+
+    def _signature(self, workers, vacant, now: float) -> object:
+        mine = next((w for w in workers if w.id == self.worker_id), None)
+        return (self.tracker.membership(now), vacant, mine.mailbox if mine else -1)
+
+    def _scan_due(
+        self, workers: Sequence[WorkerItem], vacant: Sequence[VacantShard], now: float
+    ) -> bool:
+        """A full scan when our view may be stale: at start, after our own takes and
+        releases, when a worker joins, leaves or dies, when the vacant shards change, when
+        someone pokes our mailbox (operator requests), and every full_scan_interval."""
+        return (
+            self._snapshot is None
+            or self._rescan
+            or self._signature(workers, vacant, now) != self._seen_signature
+            or now - self._scanned_at >= self.config.lease.full_scan_interval
+        )
+
+    def _refresh_runnable(self, snapshot: Snapshot) -> None:
+        """TOML shards, plus the registered ones (a spec in the item, not retired)."""
+        runnable = dict(self._shards)
+        for item in snapshot.shards:
+            if not item.spec or item.retired_at or item.id in runnable:
+                continue
+            try:
+                runnable[item.id] = decode_spec(item.id, item.spec)
+            except ConfigError as exc:
+                if self._bad_specs.get(item.id) != item.spec:
+                    self._bad_specs[item.id] = item.spec
+                    log.error(
+                        "registered shard %s has an invalid spec, not running it: %s",
+                        item.id,
+                        "; ".join(exc.problems),
+                    )
+        self._runnable = runnable
+
+    async def _handoff_poll_loop(self) -> None:
+        """Shards handed to us by name (drain, rebalance, `release`): taken within one poll
+        rather than at the next reconcile. One small index query per poll."""
+        interval = self.config.lease.handoff_poll_interval
+        while True:
+            await trio.sleep(interval)
+            if not self._accepting(self.now()):
+                continue
+            try:
+                vacant = await self.store.vacant_shards()
+            except StoreUnavailable as exc:
+                log.debug("hand-off poll skipped: %s", exc)
+                continue
+            for shard in vacant:
+                if (
+                    shard.successor == self.worker_id
+                    and shard.id in self._runnable
+                    and self.lease.is_valid(self.now())
+                ):
+                    await self._take(shard.id, "", shard.epoch)
 
     def _successors(self, shard_ids) -> dict[str, str]:
         if self._snapshot is None or not shard_ids:
@@ -294,48 +426,65 @@ class Supervisor:
         return pick_successors(list(shard_ids), self.worker_id, live, self._snapshot.shards)
 
     def _apply_operator_requests(self, snapshot, now: float) -> None:
-        """`shardvisor drain` / `release` leave marks in the table; the owner acts on them."""
+        """`shardvisor drain` / `release` / `shards remove` leave marks in the table; the
+        owner acts on them. A shard gone from the config is handed off the same way."""
         mine = next((w for w in snapshot.workers if w.id == self.worker_id), None)
         drain = mine is not None and mine.session == self.session and mine.drain_requested > 0
         if drain != self.operator_drain:
             self.operator_drain = drain
             log.warning("operator %s", "drain: handing off every shard" if drain else "undrain")
             self.state = "draining" if drain else "running"
-        handing_off = []
+        leaving: list[tuple[str, str]] = []  # (shard, why)
         for item in snapshot.shards:
             runner = self.runners.get(item.id)
-            wanted = drain or (item.release_requested > 0 and item.owner == self.worker_id)
-            if runner is None or runner.lost or runner.state == "stopping" or not wanted:
+            if runner is None or runner.lost or runner.state == "stopping":
                 continue
-            if item.epoch == runner.epoch:  # else: a request for an earlier epoch of ours
-                handing_off.append(item.id)
-        successors = self._successors(handing_off)
-        for shard_id in handing_off:
-            log.info("operator request: handing off", extra={"shard": shard_id})
-            self.recently_shed[shard_id] = now
+            if item.epoch != runner.epoch:
+                continue  # the view predates our take, or a request for an earlier epoch
+            if item.retired_at:
+                why = "retired"  # `shards remove`
+            elif item.id not in self._runnable:
+                why = "removed from the config"
+            elif drain:
+                why = "operator drain"
+            elif item.release_requested > 0 and item.owner == self.worker_id:
+                why = "operator release"
+            else:
+                continue
+            leaving.append((item.id, why))
+        successors = self._successors([sid for sid, why in leaving if why != "retired"])
+        for shard_id, why in leaving:
+            log.info("handing off: %s", why, extra={"shard": shard_id})
+            if why != "retired":
+                self.recently_shed[shard_id] = now
             self.runners[shard_id].request_stop(
-                "operator drain" if drain else "operator release",
-                self._stop_grace(),
-                successor=successors.get(shard_id, ""),
+                why, self._stop_grace(), successor=successors.get(shard_id, "")
             )
 
-    async def _take(self, shard: ShardConfig, expected_owner: str, expected_epoch: int) -> None:
+    async def _take(self, shard_id: str, expected_owner: str, expected_epoch: int) -> None:
+        shard = self._runnable.get(shard_id)
+        if shard is None or shard_id in self.runners or shard_id in self._taking:
+            return
+        self._taking.add(shard_id)
         try:
             item = await self.store.take(
-                shard.id, self.worker_id, expected_owner, expected_epoch, self.wall()
+                shard_id, self.worker_id, expected_owner, expected_epoch, self.wall()
             )
         except LeaseConflict:
-            log.debug("lost the race for %s", shard.id)
+            log.debug("lost the race for %s", shard_id)
             return
+        finally:
+            self._taking.discard(shard_id)
+        self._rescan = True
         previous = expected_owner or "nobody"
         log.info(
             "took shard from %s at epoch %d",
             previous,
             item.epoch,
-            extra={"shard": shard.id, "epoch": item.epoch, "checkpoint": item.checkpoint},
+            extra={"shard": shard_id, "epoch": item.epoch, "checkpoint": item.checkpoint},
         )
         runner = ShardRunner(self.ctx, shard, item.epoch, dict(item.checkpoint), self.now())
-        self.runners[shard.id] = runner
+        self.runners[shard_id] = runner
         assert self._nursery is not None
         self._nursery.start_soon(self._run_runner, runner)
 
@@ -343,6 +492,7 @@ class Supervisor:
         try:
             await runner.run()
         finally:
+            self._rescan = True
             if self.runners.get(runner.shard_id) is runner:
                 del self.runners[runner.shard_id]
             if runner.crash_looped:

@@ -28,6 +28,7 @@ from supervisor.store import (
     Snapshot,
     StoreUnavailable,
     TableMissing,
+    VacantShard,
     WorkerIdTaken,
     WorkerItem,
 )
@@ -44,6 +45,32 @@ _THROTTLING = frozenset(
 _ACTIVE_DEADLINE = 30.0  # seconds for a new table to become ACTIVE
 _REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
 _SAME_OWNER_AND_EPOCH = "#owner = :me AND #epoch = :epoch"
+_BATCH_GET_KEYS = 100  # BatchGetItem's limit per request
+_BATCH_GET_ROUNDS = 4  # rounds of UnprocessedKeys before giving up (then StoreUnavailable)
+_INDEX_PAGES = 50  # pages of one index query before giving up: a runaway table, not a roster
+
+# The sparse global secondary index that keeps reconcile reads small: worker items carry
+# roster = "worker", unowned shard items roster = "vacant" (removed by a take). Only attributes
+# that rarely change are projected, so heartbeats and checkpoints never write to the index.
+ROSTER_INDEX = "roster"
+ROSTER_PROJECTION = ("id", "kind", "epoch", "successor")
+_ROSTER_WORKER, _ROSTER_VACANT = "worker", "vacant"
+
+
+def _all_active(table: Mapping[str, Any]) -> bool:
+    """The table and every index ACTIVE (a new index backfills for a while first)."""
+    indexes = table.get("GlobalSecondaryIndexes", [])
+    return table.get("TableStatus") == "ACTIVE" and all(
+        index.get("IndexStatus", "ACTIVE") == "ACTIVE" for index in indexes
+    )
+
+
+def roster_index_definition() -> dict[str, Any]:
+    return {
+        "IndexName": ROSTER_INDEX,
+        "KeySchema": [{"AttributeName": "roster", "KeyType": "HASH"}],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(ROSTER_PROJECTION)},
+    }
 
 
 def _client_config(max_concurrency: int) -> Config:
@@ -118,6 +145,8 @@ def _worker_item(worker: WorkerItem) -> Item:
         "started_at": _n(worker.started_at),
         "pid": _n(worker.pid),
         "max_shards": _n(worker.max_shards),
+        "mailbox": _n(worker.mailbox),
+        "roster": _s(_ROSTER_WORKER),
     }
     return _with_strings(item, session=worker.session, state=worker.state, host=worker.host)
 
@@ -129,6 +158,7 @@ def _new_shard_item(shard_id: str) -> Item:
         "id": _s(shard_id),
         "epoch": _n(0),
         "checkpoint": _checkpoint_value({}),
+        "roster": _s(_ROSTER_VACANT),
     }
 
 
@@ -166,6 +196,7 @@ def _worker_from(item: Item) -> WorkerItem:
             pid=_int(item, "pid"),
             drain_requested=_float(item, "drain_requested"),
             max_shards=_int(item, "max_shards"),
+            mailbox=_int(item, "mailbox"),
         )
 
 
@@ -181,6 +212,15 @@ def _shard_from(item: Item) -> ShardItem:
             state=_str(item, "state"),
             release_requested=_float(item, "release_requested"),
             successor=_str(item, "successor"),
+            spec=_str(item, "spec"),
+            retired_at=_float(item, "retired_at"),
+        )
+
+
+def _vacant_from(item: Item) -> VacantShard:
+    with _decoding(item):
+        return VacantShard(
+            id=_str(item, "id"), epoch=_int(item, "epoch"), successor=_str(item, "successor")
         )
 
 
@@ -240,23 +280,42 @@ class DynamoLeaseStore:
 
     async def ensure_table(self, create: bool) -> bool:
         try:
-            status = await self._table_status()
+            table = await self._describe()
         except TableMissing:
             if not create:
                 raise
             created = await self._request("ensure_table", self._create_table)
-            status = ""
+            table = await self._describe()
         else:
             created = False
-        if status != "ACTIVE":
+        if not any(i["IndexName"] == ROSTER_INDEX for i in table.get("GlobalSecondaryIndexes", [])):
+            await self._add_roster_index(create)
+        if not _all_active(table):
             await self._wait_active()
         return created
 
-    async def _table_status(self) -> str:
+    async def _describe(self) -> dict[str, Any]:
         response = await self._request(
             "ensure_table", self._client.describe_table, TableName=self.table
         )
-        return str(response["Table"]["TableStatus"])
+        return dict(response["Table"])
+
+    async def _add_roster_index(self, create: bool) -> None:
+        """A table made by an earlier version lacks the index: add it (UpdateTable).
+        Items written before carry no ``roster`` attribute; full scans still see them."""
+        if not create:
+            raise TableMissing(
+                f"table {self.table} has no {ROSTER_INDEX!r} index; run `shardvisor "
+                "init-table` (it adds the index) or set dynamodb.create_table = true"
+            )
+        log.warning("table %s: adding the %r index", self.table, ROSTER_INDEX)
+        await self._request(
+            "ensure_table",
+            self._client.update_table,
+            TableName=self.table,
+            AttributeDefinitions=[{"AttributeName": "roster", "AttributeType": "S"}],
+            GlobalSecondaryIndexUpdates=[{"Create": roster_index_definition()}],
+        )
 
     def _create_table(self) -> bool:
         """CreateTable (in a worker thread). False if a peer created it concurrently."""
@@ -264,7 +323,11 @@ class DynamoLeaseStore:
             self._client.create_table(
                 TableName=self.table,
                 KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                AttributeDefinitions=[
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "roster", "AttributeType": "S"},
+                ],
+                GlobalSecondaryIndexes=[roster_index_definition()],
                 BillingMode="PAY_PER_REQUEST",
             )
         except ClientError as exc:
@@ -276,7 +339,7 @@ class DynamoLeaseStore:
     async def _wait_active(self) -> None:
         delay = 0.02
         with trio.move_on_after(_ACTIVE_DEADLINE):
-            while await self._table_status() != "ACTIVE":
+            while not _all_active(await self._describe()):
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
             return
@@ -342,8 +405,8 @@ class DynamoLeaseStore:
             ExpressionAttributeValues={":when": _n(0 if undo else wall_now)},
         )
 
-    async def request_release(self, shard_id: str, wall_now: float) -> None:
-        await self._request(
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
+        response = await self._request(
             "request_release",
             self._client.update_item,
             TableName=self.table,
@@ -352,6 +415,70 @@ class DynamoLeaseStore:
             ConditionExpression="attribute_exists(#owner)",
             ExpressionAttributeNames=_names("release_requested", "owner"),
             ExpressionAttributeValues={":when": _n(wall_now)},
+            ReturnValues="ALL_NEW",
+        )
+        return _str(response["Attributes"], "owner")
+
+    async def poke(self, worker_id: str) -> None:
+        await self._request(
+            "poke",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("worker", worker_id),
+            UpdateExpression="ADD #mailbox :one",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames=_names("mailbox"),
+            ExpressionAttributeValues={":one": _n(1)},
+        )
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        listed = await self._query_roster("read_workers", _ROSTER_WORKER)
+        keys = [{"pk": item["pk"]} for item in listed]
+        workers: list[WorkerItem] = []
+        for start in range(0, len(keys), _BATCH_GET_KEYS):
+            items = await self._batch_get(keys[start : start + _BATCH_GET_KEYS])
+            workers += [_worker_from(item) for item in items]
+        return tuple(sorted(workers, key=lambda w: w.id))
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        found = [
+            _vacant_from(item) for item in await self._query_roster("vacant_shards", _ROSTER_VACANT)
+        ]
+        return tuple(sorted(found, key=lambda v: v.id))
+
+    async def _query_roster(self, op: str, value: str) -> list[Item]:
+        """Every item the sparse index lists under ``value`` (keys and projected attributes)."""
+        found: list[Item] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": ROSTER_INDEX,
+            "KeyConditionExpression": "#roster = :value",
+            "ExpressionAttributeNames": _names("roster"),
+            "ExpressionAttributeValues": {":value": _s(value)},
+        }
+        for _ in range(_INDEX_PAGES):
+            page = await self._request(op, self._client.query, **kwargs)
+            found += page.get("Items", [])
+            if not page.get("LastEvaluatedKey"):
+                return found
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        raise LeaseStoreError(f"{op}: more than {_INDEX_PAGES} pages in the roster index")
+
+    async def _batch_get(self, keys: list[Item]) -> list[Item]:
+        """Strongly consistent: liveness is judged on these counters, never on stale ones."""
+        items: list[Item] = []
+        request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
+        for attempt in range(_BATCH_GET_ROUNDS):
+            response = await self._request(
+                "read_workers", self._client.batch_get_item, RequestItems=request
+            )
+            items += response.get("Responses", {}).get(self.table, [])
+            request = response.get("UnprocessedKeys") or {}
+            if not request:
+                return items
+            await trio.sleep(0.05 * 2**attempt)
+        raise StoreUnavailable(
+            f"read_workers: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
         )
 
     async def _update_own_worker(
@@ -440,11 +567,21 @@ class DynamoLeaseStore:
             Key=_key("shard", shard_id),
             UpdateExpression=(
                 "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-                " REMOVE #release_requested, #successor"
+                " REMOVE #release_requested, #successor, #roster"
             ),
-            ConditionExpression=f"#epoch = :expected_epoch AND {owner_condition}",
+            ConditionExpression=(
+                f"#epoch = :expected_epoch AND {owner_condition}"
+                " AND attribute_not_exists(#retired_at)"
+            ),
             ExpressionAttributeNames=_names(
-                "owner", "epoch", "owner_since", "state", "release_requested", "successor"
+                "owner",
+                "epoch",
+                "owner_since",
+                "state",
+                "release_requested",
+                "successor",
+                "roster",
+                "retired_at",
             ),
             ExpressionAttributeValues=values,
             ReturnValues="ALL_NEW",
@@ -485,20 +622,79 @@ class DynamoLeaseStore:
             TableName=self.table,
             Key=_key("shard", shard_id),
             UpdateExpression=(
-                "SET #checkpoint = :cp, #state = :released"
+                "SET #checkpoint = :cp, #state = :released, #roster = :vacant"
                 + (", #successor = :successor" if successor else "")
                 + " REMOVE #owner, #release_requested"
                 + ("" if successor else ", #successor")
             ),
             ConditionExpression=_SAME_OWNER_AND_EPOCH,
             ExpressionAttributeNames=_names(
-                "checkpoint", "state", "owner", "epoch", "release_requested", "successor"
+                "checkpoint", "state", "owner", "epoch", "release_requested", "successor", "roster"
             ),
             ExpressionAttributeValues={
                 **({":successor": _s(successor)} if successor else {}),
+                ":vacant": _s(_ROSTER_VACANT),
                 ":cp": _checkpoint_value(checkpoint),
                 ":released": _s(state),
                 ":me": _s(me),
                 ":epoch": _n(epoch),
             },
         )
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        # Registered again after `shards remove`: the epoch stays (never reused), the
+        # checkpoint starts over (a new registration is a new definition).
+        await self._request(
+            "add_shard",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression=(
+                "SET #kind = :shard, #id = :id, #spec = :spec, #roster = :vacant,"
+                " #epoch = if_not_exists(#epoch, :zero), #checkpoint = :empty,"
+                " #state = :registered, #registered_at = :now"
+                " REMOVE #retired_at, #successor, #release_requested"
+            ),
+            ConditionExpression=(
+                "attribute_not_exists(pk)"
+                " OR (attribute_exists(#retired_at) AND attribute_not_exists(#owner))"
+            ),
+            ExpressionAttributeNames=_names(
+                "kind",
+                "id",
+                "spec",
+                "roster",
+                "epoch",
+                "checkpoint",
+                "state",
+                "registered_at",
+                "retired_at",
+                "successor",
+                "release_requested",
+                "owner",
+            ),
+            ExpressionAttributeValues={
+                ":shard": _s("shard"),
+                ":id": _s(shard_id),
+                ":spec": _s(spec),
+                ":vacant": _s(_ROSTER_VACANT),
+                ":zero": _n(0),
+                ":empty": _checkpoint_value({}),
+                ":registered": _s("registered"),
+                ":now": _n(wall_now),
+            },
+        )
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        response = await self._request(
+            "retire_shard",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("shard", shard_id),
+            UpdateExpression="SET #retired_at = :now REMOVE #roster, #successor",
+            ConditionExpression="attribute_exists(#spec)",
+            ExpressionAttributeNames=_names("retired_at", "roster", "successor", "spec"),
+            ExpressionAttributeValues={":now": _n(wall_now)},
+            ReturnValues="ALL_NEW",
+        )
+        return _shard_from(response["Attributes"])

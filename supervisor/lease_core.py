@@ -67,6 +67,18 @@ class PeerTracker:
     def known(self) -> list[str]:
         return sorted(self._seen)
 
+    def membership(self, now: float) -> frozenset[tuple[str, str]]:
+        """Who is live, alive but not taking (draining), or dead: a change means a rescan."""
+        return frozenset(
+            (
+                worker,
+                "live"
+                if self.is_live_member(worker, now)
+                else ("dead" if self.is_dead(worker, now) else "alive"),
+            )
+            for worker in self._seen
+        )
+
 
 @attrs.define
 class OwnLease:

@@ -18,6 +18,7 @@ from supervisor.store import (
     Snapshot,
     StoreUnavailable,
     TableMissing,
+    VacantShard,
     WorkerIdTaken,
     WorkerItem,
 )
@@ -35,6 +36,11 @@ OPERATIONS = frozenset(
         "take",
         "checkpoint",
         "release",
+        "read_workers",
+        "vacant_shards",
+        "poke",
+        "add_shard",
+        "retire_shard",
     }
 )
 
@@ -133,12 +139,50 @@ class MemoryLeaseStore:
         when = 0.0 if undo else wall_now
         table.workers[worker_id] = attrs.evolve(table.workers[worker_id], drain_requested=when)
 
-    async def request_release(self, shard_id: str, wall_now: float) -> None:
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
         table = await self._enter("request_release")
         item = table.shards.get(shard_id)
         if item is None or not item.owner:
             raise LeaseConflict(f"shard {shard_id!r} has no owner")
         table.shards[shard_id] = attrs.evolve(item, release_requested=wall_now)
+        return item.owner
+
+    async def poke(self, worker_id: str) -> None:
+        table = await self._enter("poke")
+        if worker_id not in table.workers:
+            raise LeaseConflict(f"no worker {worker_id!r}")
+        old = table.workers[worker_id]
+        table.workers[worker_id] = attrs.evolve(old, mailbox=old.mailbox + 1)
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        table = await self._enter("read_workers")
+        return tuple(table.workers[k] for k in sorted(table.workers))
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        table = await self._enter("vacant_shards")
+        return tuple(
+            VacantShard(item.id, item.epoch, item.successor)
+            for _, item in sorted(table.shards.items())
+            if not item.owner and not item.retired_at
+        )
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        table = await self._enter("add_shard")
+        old = table.shards.get(shard_id)
+        if old is not None and (not old.retired_at or old.owner):
+            raise LeaseConflict(f"shard {shard_id!r} exists")
+        table.shards[shard_id] = ShardItem(
+            id=shard_id, owner="", epoch=old.epoch if old else 0, state="registered", spec=spec
+        )
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        table = await self._enter("retire_shard")
+        old = table.shards.get(shard_id)
+        if old is None or not old.spec:
+            raise LeaseConflict(f"no registered shard {shard_id!r}")
+        new = attrs.evolve(old, retired_at=wall_now, successor="")
+        table.shards[shard_id] = new
+        return _copy(new)
 
     async def ensure_shard(self, shard_id: str) -> None:
         table = await self._enter("ensure_shard")
@@ -158,7 +202,12 @@ class MemoryLeaseStore:
             raise ValueError("take: the new owner must not be empty")
         table = await self._enter("take")
         old = table.shards.get(shard_id)
-        if old is None or old.epoch != expected_epoch or old.owner != expected_owner:
+        if (
+            old is None
+            or old.epoch != expected_epoch
+            or old.owner != expected_owner
+            or old.retired_at
+        ):
             raise LeaseConflict(
                 f"take {shard_id}: not owned by {expected_owner!r}@{expected_epoch}"
             )

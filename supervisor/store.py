@@ -47,6 +47,7 @@ class WorkerItem:
     pid: int = 0
     drain_requested: float = 0.0  # wall time of `shardvisor drain`, 0 = none
     max_shards: int = 0  # its cap, advertised so every worker computes the same targets
+    mailbox: int = 0  # +1 by anyone who needs this worker to re-read the table (see poke)
 
 
 @attrs.frozen
@@ -59,6 +60,17 @@ class ShardItem:
     state: str = ""  # "" | running | released | quarantined
     release_requested: float = 0.0  # wall time of `shardvisor release`, 0 = none
     successor: str = ""  # named on a graceful release: this worker takes it first
+    spec: str = ""  # JSON streams of a shard registered with `shards add`; "" = from TOML
+    retired_at: float = 0.0  # wall time of `shards remove`; a retired shard is never taken
+
+
+@attrs.frozen
+class VacantShard:
+    """An unowned shard as the sparse ``roster`` index lists it: what a take needs."""
+
+    id: str
+    epoch: int
+    successor: str = ""
 
 
 @attrs.frozen
@@ -84,14 +96,34 @@ class LeaseStore(Protocol):
         """Ask a worker to hand off all its shards and take none (``undo``: take them again).
         TableMissing/LeaseConflict if there is no such worker."""
 
-    async def request_release(self, shard_id: str, wall_now: float) -> None:
-        """Ask the owner to hand the shard off gracefully. LeaseConflict if it has no owner."""
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
+        """Ask the owner to hand the shard off gracefully; returns the owner (to poke).
+        LeaseConflict if it has no owner."""
 
     async def ensure_shard(self, shard_id: str) -> None:
         """Create the shard item unowned at epoch 0 if it does not exist yet."""
 
     async def snapshot(self) -> Snapshot:
-        """A strongly consistent read of every worker and shard item."""
+        """A strongly consistent read of every worker and shard item (a full scan)."""
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        """Every worker item, strongly consistent, without reading any shard item."""
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        """The unowned shards, from the sparse index (eventually consistent: a take is
+        conditional anyway). Cheap when few shards are unowned, whatever the table's size."""
+
+    async def poke(self, worker_id: str) -> None:
+        """Mailbox + 1: the worker re-reads the whole table at its next reconcile.
+        LeaseConflict if there is no such worker."""
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        """Register a shard defined by ``spec`` (JSON streams), unowned; a retired one is
+        registered again with its epoch kept. LeaseConflict if it exists (or is still owned)."""
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        """Mark a registered shard retired; its owner stops it. Returns the item as written.
+        LeaseConflict if there is no such registered (``spec``) shard."""
 
     async def take(
         self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
