@@ -17,10 +17,18 @@ class Log:
     shard: str = "-"
     out: TextIO = attrs.field(factory=lambda: sys.stderr)
 
+    reader_gone: bool = False  # stderr's reader (the supervisor) died: logging is moot
+
     def line(self, level: str, message: str, *, stream: str = "-") -> None:
+        if self.reader_gone:
+            return
         now = datetime.now(UTC).isoformat(timespec="milliseconds")
-        self.out.write(f"{now} {level} shard={self.shard} stream={stream} {message}\n")
-        self.out.flush()
+        try:
+            self.out.write(f"{now} {level} shard={self.shard} stream={stream} {message}\n")
+            self.out.flush()
+        except BrokenPipeError:
+            # Nobody reads our log any more; the work (a last will) must go on regardless.
+            self.reader_gone = True
 
     def info(self, message: str, *, stream: str = "-") -> None:
         self.line("INFO", message, stream=stream)

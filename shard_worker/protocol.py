@@ -55,6 +55,18 @@ class WorkerSettings:
     connect_timeout: float = 5.0
 
 
+@attrs.frozen
+class LastWill:
+    """Where the lease lives, so that a child whose supervisor died (EOF on the control pipe)
+    can release its own shard, conditional on owner and epoch, instead of leaving it to
+    expire. ``session`` is the supervisor's: the child marks that incarnation orphaned."""
+
+    table: str
+    region: str
+    endpoint_url: str = ""
+    session: str = ""
+
+
 # --- Parent -> child ---------------------------------------------------------------------------
 
 
@@ -70,6 +82,7 @@ class Start:
     settings: WorkerSettings
     fence_deadline: float  # time.monotonic() of this host; no sink write at or after it
     version: int = PROTOCOL_VERSION
+    last_will: LastWill | None = None  # optional (added in v1): absent = exit without release
 
 
 @attrs.frozen
@@ -171,6 +184,8 @@ def _from_jsonable(obj: Any) -> Message:
             fields["sink"] = SinkSpec(**fields["sink"])
             fields["settings"] = WorkerSettings(**fields["settings"])
             fields["checkpoint"] = {str(k): int(v) for k, v in fields["checkpoint"].items()}
+            if fields.get("last_will") is not None:
+                fields["last_will"] = LastWill(**fields["last_will"])
         return cls(**fields)
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"bad {obj['type']!r} message: {exc}") from exc

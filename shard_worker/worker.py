@@ -42,6 +42,7 @@ START_TIMEOUT = 10.0
 REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
 FATAL_REPORT_TIMEOUT = 1.0  # best effort on the way out
 STOP_MARGIN = 0.05  # leave the parent this much of the stop deadline to see us exit
+LAST_WILL_TIMEOUT = 5.0  # the release on the way out; then the lease expires as it would
 
 
 class ControlClosed(Exception):
@@ -74,13 +75,59 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
     )
     try:
         recorder = Recorder(sink, start.fence_deadline, _resume_checkpoint(start))
-        stop = await _run_shard(start, recorder, channel, log)
+        try:
+            stop = await _run_shard(start, recorder, channel, log)
+        except Exception as exc:
+            if _find(exc, ControlClosed) is None and _find(exc, PipeClosed) is None:
+                raise
+            # The supervisor is gone: nothing more is written; hand the shard on.
+            checkpoint = recorder.flush()
+            sink.close()
+            log.warning(f"supervisor gone ({exc!r}); last will at checkpoint {checkpoint}")
+            await _last_will(start, checkpoint, log)
+            return EXIT_OK
     finally:
         sink.close()
     checkpoint, written = recorder.checkpoint(), recorder.written
     log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
     await _send_stopped(channel, stop, checkpoint, written, log)
     return EXIT_OK
+
+
+async def _last_will(start: Start, checkpoint: dict[str, int], log: Log) -> None:
+    """Release our shard (conditional on owner and epoch) and mark the supervisor's session
+    orphaned, so peers take over within a reconcile interval instead of a lease duration.
+    Best effort and bounded: if it fails, the lease simply expires."""
+    will = start.last_will
+    if will is None:
+        return
+    with trio.move_on_after(LAST_WILL_TIMEOUT) as scope:
+        try:
+            # Lazy: boto3 costs ~0.2 s to import; only a child whose supervisor died needs it.
+            from supervisor.dynamo_store import DynamoLeaseStore
+            from supervisor.store import LeaseConflict, LeaseStoreError
+        except ImportError as exc:
+            log.warning(f"last will unavailable: {exc}")
+            return
+        store = DynamoLeaseStore(will.table, will.region, will.endpoint_url, max_concurrency=2)
+        wall = time.time()
+        try:
+            await store.release(start.shard, start.worker, start.epoch, checkpoint, "last-will")
+        except LeaseConflict:
+            log.info("last will: the shard has moved on already")
+        except LeaseStoreError as exc:
+            log.warning(f"last will: release failed: {exc}")
+        else:
+            log.info(f"last will: released at epoch {start.epoch}")
+        if will.session:
+            try:
+                await store.mark_orphaned(start.worker, will.session, wall)
+            except LeaseConflict:
+                pass  # a sibling did it, or the supervisor came back as a new session
+            except LeaseStoreError as exc:
+                log.warning(f"last will: could not mark the supervisor orphaned: {exc}")
+    if scope.cancelled_caught:
+        log.warning(f"last will: no answer within {LAST_WILL_TIMEOUT:g}s")
 
 
 async def _send_stopped(

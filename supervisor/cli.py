@@ -35,8 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
+    def with_config(name: str, help_text: str, parent=sub) -> argparse.ArgumentParser:
+        cmd = parent.add_parser(name, help=help_text, description=help_text)
         cmd.add_argument("-c", "--config", required=True, metavar="FILE", help="TOML config file")
         return cmd
 
@@ -50,6 +50,35 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--undo", action="store_true", help="let the worker take shards again")
     release = with_config("release", "the owner of a shard hands it off to a peer")
     release.add_argument("shard", metavar="SHARD", help="shard id")
+
+    shards = sub.add_parser(
+        "shards",
+        help="register, retire and list shards in the table while the fleet runs",
+        description="Shards registered here run on any worker, beside the [[shards]] of the "
+        "TOML files; a new one is owned within one reconcile interval.",
+    )
+    shards_sub = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
+    add = with_config("add", "register a shard (unowned; a worker takes it)", shards_sub)
+    add.add_argument("shard", metavar="SHARD", help="shard id")
+    add.add_argument(
+        "--stream",
+        action="append",
+        default=[],
+        metavar="ID=URL",
+        help="a WebSocket feed of the shard (repeat for several)",
+    )
+    add.add_argument("--sequence", default="", metavar="PATH", help="sequence path, every stream")
+    add.add_argument("--subscribe", default="", metavar="TEXT", help="sent after connecting")
+    add.add_argument(
+        "--spec",
+        default="",
+        metavar="JSON",
+        help='the streams as JSON instead: [{"id": ..., "url": ..., "sequence": ...}, ...]',
+    )
+    remove = with_config("remove", "retire a registered shard: its child stops", shards_sub)
+    remove.add_argument("shard", metavar="SHARD", help="shard id")
+    listing = with_config("list", "list the shards in the table", shards_sub)
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
 
     feed = sub.add_parser("feed", help="run the reference sequenced WebSocket feed")
     feed.add_argument("--host", default="127.0.0.1")
@@ -87,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _cmd_status,
         "drain": _cmd_drain,
         "release": _cmd_release,
+        "shards": _cmd_shards,
     }
     try:
         return handlers[args.command](config, args)
@@ -165,6 +195,17 @@ def _mark_in_table(config: Config, request, *, missing: str, done: str) -> int:
         return exit_codes.NOT_FOUND
     print(done)
     return exit_codes.OK
+
+
+def _cmd_shards(config: Config, args: argparse.Namespace) -> int:
+    from supervisor import shard_registry
+
+    store = _store(config)
+    if args.shards_command == "add":
+        return shard_registry.add(store, config, args)
+    if args.shards_command == "remove":
+        return shard_registry.remove(store, config, args.shard)
+    return shard_registry.listing(store, config, as_json=args.json)
 
 
 def _cmd_run(config: Config, args: argparse.Namespace) -> int:

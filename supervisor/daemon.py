@@ -74,7 +74,9 @@ class Supervisor:
         self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
         self.tracker = PeerTracker(lease.duration)
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
-        self.ctx = RunnerContext(config, worker_id, store, self.lease, spawn, now)
+        self.ctx = RunnerContext(
+            config, worker_id, store, self.lease, spawn, now, session=self.session
+        )
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
         self.state = "starting"  # starting | running | draining | stopped

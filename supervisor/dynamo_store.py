@@ -65,6 +65,10 @@ def _all_active(table: Mapping[str, Any]) -> bool:
     )
 
 
+def _has_roster(table: Mapping[str, Any]) -> bool:
+    return any(i["IndexName"] == ROSTER_INDEX for i in table.get("GlobalSecondaryIndexes", []))
+
+
 def roster_index_definition() -> dict[str, Any]:
     return {
         "IndexName": ROSTER_INDEX,
@@ -288,9 +292,16 @@ class DynamoLeaseStore:
             table = await self._describe()
         else:
             created = False
-        if not any(i["IndexName"] == ROSTER_INDEX for i in table.get("GlobalSecondaryIndexes", [])):
+        if not _has_roster(table):
             await self._add_roster_index(create)
-        if not _all_active(table):
+            await self._wait_active()  # the new index backfills first
+            if not _has_roster(await self._describe()):
+                raise LeaseStoreError(
+                    f"table {self.table} at {self.endpoint} accepted the new {ROSTER_INDEX!r} "
+                    "index but does not list it (dynalite does not implement adding an index "
+                    "to an existing table); recreate the table with `shardvisor init-table`"
+                )
+        elif not _all_active(table):
             await self._wait_active()
         return created
 
@@ -309,12 +320,26 @@ class DynamoLeaseStore:
                 "init-table` (it adds the index) or set dynamodb.create_table = true"
             )
         log.warning("table %s: adding the %r index", self.table, ROSTER_INDEX)
-        await self._request(
-            "ensure_table",
-            self._client.update_table,
+        index = roster_index_definition()
+        try:
+            await self._request("ensure_table", self._update_table_index, index=index)
+        except LeaseStoreError as exc:
+            if "provisionedThroughput" not in str(exc):
+                raise
+            # dynalite insists on a throughput even for an on-demand table (DynamoDB and moto
+            # do not); the value is ignored by both in PAY_PER_REQUEST mode.
+            throughput = {"ReadCapacityUnits": 1, "WriteCapacityUnits": 1}
+            await self._request(
+                "ensure_table",
+                self._update_table_index,
+                index={**index, "ProvisionedThroughput": throughput},
+            )
+
+    def _update_table_index(self, index: dict[str, Any]) -> None:
+        self._client.update_table(
             TableName=self.table,
             AttributeDefinitions=[{"AttributeName": "roster", "AttributeType": "S"}],
-            GlobalSecondaryIndexUpdates=[{"Create": roster_index_definition()}],
+            GlobalSecondaryIndexUpdates=[{"Create": index}],
         )
 
     def _create_table(self) -> bool:
@@ -698,3 +723,22 @@ class DynamoLeaseStore:
             ReturnValues="ALL_NEW",
         )
         return _shard_from(response["Attributes"])
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        """A child's last will: our supervisor (this session) is gone. Peers stop counting it
+        as a member at once; its shards still wait for its lease (some child may still run)."""
+        await self._request(
+            "mark_orphaned",
+            self._client.update_item,
+            TableName=self.table,
+            Key=_key("worker", worker_id),
+            UpdateExpression="SET #state = :orphaned, #orphaned_at = :now",
+            ConditionExpression="#session = :session AND #state <> :stopped",
+            ExpressionAttributeNames=_names("state", "orphaned_at", "session"),
+            ExpressionAttributeValues={
+                ":orphaned": _s("orphaned"),
+                ":now": _n(wall_now),
+                ":session": _s(session),
+                ":stopped": _s("stopped"),
+            },
+        )

@@ -2,6 +2,8 @@
 
 OK = 0
 INTERNAL = 70  # a bug, or a crash loop an outer supervisor should see (EX_SOFTWARE)
+USAGE = 64  # a command line the command cannot run (EX_USAGE), e.g. an invalid shard definition
 NOT_FOUND = 66  # `drain`/`release` named a worker or shard the table does not have (EX_NOINPUT)
+EXISTS = 73  # `shards add` of a shard the table already has (EX_CANTCREAT)
 STORE_UNAVAILABLE = 75  # the lease store was unreachable at start-up (EX_TEMPFAIL): retry later
 CONFIG = 78  # the configuration is invalid (EX_CONFIG): restarting will not help

@@ -41,6 +41,7 @@ OPERATIONS = frozenset(
         "poke",
         "add_shard",
         "retire_shard",
+        "mark_orphaned",
     }
 )
 
@@ -153,6 +154,13 @@ class MemoryLeaseStore:
             raise LeaseConflict(f"no worker {worker_id!r}")
         old = table.workers[worker_id]
         table.workers[worker_id] = attrs.evolve(old, mailbox=old.mailbox + 1)
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        table = await self._enter("mark_orphaned")
+        old = table.workers.get(worker_id)
+        if old is None or old.session != session or old.state == "stopped":
+            raise LeaseConflict(f"worker {worker_id!r} is not session {session}")
+        table.workers[worker_id] = attrs.evolve(old, state="orphaned")
 
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         table = await self._enter("read_workers")

@@ -46,6 +46,7 @@ class RunnerContext:
     lease: OwnLease
     spawn: Spawn
     now: Callable[[], float]  # time.monotonic in production: fence deadlines cross processes
+    session: str = ""  # the supervisor's, for the children's last will
 
 
 @attrs.define(eq=False)
@@ -249,6 +250,12 @@ class ShardRunner:
             sink=cfg.sink,
             settings=p.WorkerSettings(checkpoint_interval=cfg.supervisor.checkpoint_interval),
             fence_deadline=self.ctx.lease.valid_until,
+            last_will=p.LastWill(
+                table=cfg.dynamodb.table,
+                region=cfg.dynamodb.region,
+                endpoint_url=cfg.dynamodb.endpoint_url,
+                session=self.ctx.session,
+            ),
         )
 
     async def _handle(self, msg: p.Message) -> None:

@@ -44,6 +44,7 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             "epoch": s.epoch,
             "checkpoint": dict(sorted(s.checkpoint.items())),
             "state": _shard_state(s),
+            "source": "table" if s.spec else "config",  # `shards add`, or [[shards]] in TOML
         }
         for s in snapshot.shards
     ]
@@ -51,6 +52,8 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
 
 
 def _shard_state(shard) -> str:
+    if shard.retired_at:
+        return "retired" if not shard.owner else "retiring"
     if shard.owner and shard.release_requested:
         return "handing-off"
     return shard.state or ("running" if shard.owner else "unowned")

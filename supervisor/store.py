@@ -38,7 +38,7 @@ class WorkerItem:
     id: str
     session: str  # random per supervisor process: tells two incarnations of one id apart
     counter: int  # +1 on every heartbeat; peers watch it change on their own monotonic clock
-    state: str  # running | draining | stopped
+    state: str  # running | draining | stopped | orphaned (its children saw it die)
     heartbeat_at: (
         float  # wall clock of the last heartbeat, for humans only (status), never compared
     )
@@ -116,6 +116,11 @@ class LeaseStore(Protocol):
     async def poke(self, worker_id: str) -> None:
         """Mailbox + 1: the worker re-reads the whole table at its next reconcile.
         LeaseConflict if there is no such worker."""
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        """State "orphaned" if the item still carries ``session`` (a child's last will):
+        peers stop counting that worker; its next heartbeat, if any, sets it running again.
+        LeaseConflict otherwise."""
 
     async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
         """Register a shard defined by ``spec`` (JSON streams), unowned; a retired one is

@@ -573,7 +573,7 @@ def configs(draw: st.DrawFn) -> Config:
         shutdown_timeout=draw(_ms(1, 10**7)),
         checkpoint_interval=draw(_ms(1, 10**7)),
         restart_backoff_initial=initial,
-        restart_backoff_max=draw(_ms(int(initial * 1000), 10**7)),
+        restart_backoff_max=draw(_ms(round(initial * 1000), 10**7)),
         restart_reset_after=draw(_ms(1, 10**7)),
     )
     text = st.text().filter(lambda s: not re.search(r"\{[A-Za-z_]\w*\}", s))

@@ -19,6 +19,7 @@ from supervisor.memory_store import MemoryLeaseStore
 from supervisor.store import (
     LeaseConflict,
     LeaseStore,
+    LeaseStoreError,
     ShardItem,
     StoreUnavailable,
     TableMissing,
@@ -322,3 +323,110 @@ async def test_release_names_a_successor_and_the_next_take_clears_it(store: Leas
     assert (await stored_shard(store, "a")).successor == ""
     await store.release("a", "w2", 2, {"s": 5})  # no successor named: none stored
     assert (await stored_shard(store, "a")).successor == ""
+
+
+async def test_read_workers_lists_every_worker_without_reading_shards(store: LeaseStore) -> None:
+    await store.register_worker(worker("w2", session="b"))
+    await store.register_worker(worker("w1", session="a"))
+    await store.ensure_shard("a")
+    await store.heartbeat("w1", "a", "running", 2.0)
+    workers = await store.read_workers()
+    assert [(w.id, w.session, w.counter) for w in workers] == [("w1", "a", 1), ("w2", "b", 0)]
+
+
+async def test_vacant_shards_lists_exactly_the_unowned_ones(store: LeaseStore) -> None:
+    for shard_id in ("a", "b", "c"):
+        await store.ensure_shard(shard_id)
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.take("b", "w1", "", 0, 1.0)
+    assert [(v.id, v.epoch) for v in await store.vacant_shards()] == [("c", 0)]
+    await store.release("b", "w1", 1, {}, successor="w2")
+    vacant = await store.vacant_shards()
+    assert [(v.id, v.epoch, v.successor) for v in vacant] == [("b", 1, "w2"), ("c", 0, "")]
+
+
+async def test_poke_raises_the_mailbox_of_an_existing_worker(store: LeaseStore) -> None:
+    await store.register_worker(worker("w1"))
+    await store.poke("w1")
+    await store.poke("w1")
+    assert [w.mailbox for w in await store.read_workers()] == [2]
+    with pytest.raises(LeaseConflict):
+        await store.poke("nobody")
+
+
+async def test_request_release_returns_the_owner(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w7", "", 0, 1.0)
+    assert await store.request_release("a", 2.0) == "w7"
+
+
+async def test_registered_shard_lifecycle(store: LeaseStore) -> None:
+    spec = '{"streams":[{"id":"x","url":"ws://h/x"}]}'
+    await store.add_shard("r", spec, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.add_shard("r", spec, 1.0)  # exists
+    item = await stored_shard(store, "r")
+    assert (item.spec, item.owner, item.epoch, item.retired_at) == (spec, "", 0, 0.0)
+    assert [v.id for v in await store.vacant_shards()] == ["r"]
+    await store.take("r", "w1", "", 0, 2.0)
+    retired = await store.retire_shard("r", 3.0)
+    assert (retired.owner, retired.retired_at) == ("w1", 3.0)  # the owner stops it
+    with pytest.raises(LeaseConflict):
+        await store.add_shard("r", spec, 3.5)  # still owned: not re-registered under it
+    await store.release("r", "w1", 1, {"x": 5})
+    with pytest.raises(LeaseConflict):
+        await store.take("r", "w2", "", 1, 4.0)  # retired: never taken
+    await store.add_shard("r", spec, 5.0)  # registered again: epoch kept, checkpoint anew
+    again = await stored_shard(store, "r")
+    assert (again.epoch, again.checkpoint, again.retired_at) == (1, {}, 0.0)
+    await store.take("r", "w2", "", 1, 6.0)
+    await store.ensure_shard("toml")
+    with pytest.raises(LeaseConflict):
+        await store.retire_shard("toml", 7.0)  # defined in a config file, not registered
+    with pytest.raises(LeaseConflict):
+        await store.retire_shard("missing", 7.0)
+
+
+async def test_mark_orphaned_needs_the_session_and_a_heartbeat_undoes_it(
+    store: LeaseStore,
+) -> None:
+    await store.register_worker(worker("w1", session="a"))
+    with pytest.raises(LeaseConflict):
+        await store.mark_orphaned("w1", "other", 1.0)
+    await store.mark_orphaned("w1", "a", 1.0)
+    assert [w.state for w in await store.read_workers()] == ["orphaned"]
+    await store.heartbeat("w1", "a", "running", 2.0)  # it was alive after all
+    assert [w.state for w in await store.read_workers()] == ["running"]
+    await store.retire_worker("w1", "a", 3.0)
+    with pytest.raises(LeaseConflict):
+        await store.mark_orphaned("w1", "a", 4.0)  # a clean exit stays "stopped"
+
+
+@pytest.mark.parametrize("server", ["moto_server", "dynalite_server"])
+async def test_a_table_from_an_earlier_version_gets_the_roster_index(
+    server: str, request: pytest.FixtureRequest, table_name: str
+) -> None:
+    url = request.getfixturevalue(server).url
+    client = boto3.client(
+        "dynamodb",
+        region_name=REGION,
+        endpoint_url=url,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    client.create_table(
+        TableName=table_name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    store = DynamoLeaseStore(table_name, REGION, url)
+    with pytest.raises(TableMissing, match="init-table"):
+        await store.ensure_table(create=False)
+    if server == "dynalite_server":  # accepts UpdateTable's index creation, then ignores it
+        with pytest.raises(LeaseStoreError, match="recreate the table"):
+            await store.ensure_table(create=True)
+        return
+    assert await store.ensure_table(create=True) is False  # not created: the index was added
+    await store.ensure_shard("a")
+    assert [v.id for v in await store.vacant_shards()] == ["a"]

@@ -190,3 +190,59 @@ async def test_a_capped_worker_runs_at_most_its_cap_and_peers_take_the_rest(auto
         owners = [o for o, _ in (await h.owners()).values()]
         assert sorted(owners) == ["w1", "w2", "w2", "w2", "w2"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_steady_round_reads_the_workers_and_vacant_shards_not_every_shard(
+    autojump_clock,
+):
+    h = Harness(shards=8)
+    stores = {w: h.store.peer() for w in ("w1", "w2")}
+    sups = [h.supervisor(w, store) for w, store in stores.items()]
+    async with trio.open_nursery() as nursery:
+        for sup in sups:
+            await nursery.start(sup.run)
+        await trio.sleep(60.0)  # taken and balanced (the dwell time is one lease duration)
+        owners = await h.owners()
+        assert sorted(o for o, _ in owners.values()) == ["w1"] * 4 + ["w2"] * 4
+        counts = stores["w1"].request_counts
+        counts.clear()
+        await trio.sleep(120.0)
+        assert await h.owners() == owners
+        rounds = 120.0 / RECONCILE
+        assert counts["read_workers"] == pytest.approx(rounds, abs=1)
+        assert counts["heartbeat"] == pytest.approx(120.0 / HEARTBEAT, abs=1)
+        # One full scan per full_scan_interval (60 s), not one per round.
+        assert counts["snapshot"] <= 120.0 / LeaseConfig().full_scan_interval + 1
+        polls = 120.0 / LeaseConfig().handoff_poll_interval
+        assert counts["vacant_shards"] == pytest.approx(rounds + polls, rel=0.05)
+        assert counts["take"] == counts["release"] == 0
+        for sup in sups:
+            sup.request_shutdown()
+
+
+async def test_a_named_successor_takes_a_released_shard_within_one_poll(autojump_clock):
+    h = Harness(shards=2)
+    w1 = h.supervisor("w1", h.store.peer())
+    w2 = h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await trio.sleep(DURATION + 3 * RECONCILE)  # w2 got one shard through a rebalance
+        owners = await h.owners()
+        shard = next(s for s, (o, _) in owners.items() if o == "w1")
+        assert await h.store.request_release(shard, 1.0) == "w1"
+        await h.store.poke("w1")  # as `shardvisor release` does
+        released_at = taken_at = None
+        with trio.fail_after(RECONCILE + 5):
+            while taken_at is None:
+                item = next(s for s in (await h.store.snapshot()).shards if s.id == shard)
+                if released_at is None and not item.owner:
+                    released_at = trio.current_time()
+                if item.owner == "w2":
+                    taken_at = trio.current_time()
+                await trio.sleep(0.01)
+        assert released_at is not None
+        assert taken_at - released_at <= LeaseConfig().handoff_poll_interval + 0.02
+        w1.request_shutdown()
+        w2.request_shutdown()
