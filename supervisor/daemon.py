@@ -97,6 +97,7 @@ class Supervisor:
         self._rescan = True  # our own leases changed: the next round scans the whole table
         self._seen_signature: object = None  # what the last cheap round saw (see _scan_due)
         self._taking: set[str] = set()
+        self._registered_at = float("inf")
         self._quarantined_at: list[float] = []
 
     # --- control -------------------------------------------------------------------------------
@@ -218,6 +219,7 @@ class Supervisor:
             max_shards=self.config.worker.max_shards,
         )
         await self.store.register_worker(item)
+        self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
         log.info(
             "registered worker %s with %d configured shards",
@@ -348,8 +350,12 @@ class Supervisor:
             runner = self.runners[shard_id]
             if runner.state != "stopping":  # a retired or removed shard stops gracefully
                 runner.lose("the table shows another owner or epoch")
-        successors = self._successors(plan.shed)
-        for shard_id in plan.shed:
+        # A worker that has watched its peers for less than a lease duration may still count
+        # a dead one as live, so its target is too low: it takes, but sheds nothing yet.
+        warm = now - self._registered_at >= self.config.lease.duration
+        shed = plan.shed if warm else ()
+        successors = self._successors(shed)
+        for shard_id in shed:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
             self.runners[shard_id].request_stop(
