@@ -90,9 +90,12 @@ async def _scenario(run: DemoRun) -> int:
 
     victim = _owner_of_most(await store.snapshot())
     victim_shards = _shards_of(await store.snapshot(), victim)
-    run.say(f"SIGKILL supervisor {victim} (holding {', '.join(victim_shards)})")
+    run.say(
+        f"SIGKILL host {victim}: supervisor and children at once "
+        f"(holding {', '.join(victim_shards)}); peers wait for its lease to expire"
+    )
     killed_at = time.time()
-    run.procs[victim].send_signal(signal.SIGKILL)
+    os.killpg(run.procs[victim].pid, signal.SIGKILL)
     await run.procs.pop(victim).wait()
     await _wait_owned(run, store, exclude=(victim,), timeout=DURATION + RECONCILE + 8)
     await _watch(run, store, 2.0)
@@ -145,6 +148,7 @@ async def _start_supervisor(run: DemoRun, worker: str) -> None:
         stdin=subprocess.DEVNULL,
         stdout=logfile,
         stderr=logfile,
+        start_new_session=True,  # its own process group: the "host" the demo kills
     )
     logfile.close()
     run.say(f"started supervisor {worker} (pid {run.procs[worker].pid}, log {worker}.log)")
