@@ -60,6 +60,20 @@ class SupervisorConfig:
 @attrs.frozen
 class LogConfig:
     level: str = "info"  # debug | info | warning | error
+    format: str = "json"  # json: one object per line (log search) | text: for terminals
+
+
+@attrs.frozen
+class HttpConfig:
+    # /healthz, /readyz, /metrics. "" disables; port 0 picks a free one (logged). Loopback by
+    # default: expose it beyond the host only on purpose.
+    listen: str = "127.0.0.1:9400"
+
+
+@attrs.frozen
+class TlsConfig:
+    ca_bundle: str = ""  # PEM file of CAs for wss:// feeds; "" = the system's trust store
+    verify: bool = True  # false: no certificate check (logged loudly; for test feeds only)
 
 
 @attrs.frozen
@@ -76,4 +90,6 @@ class Config:
     supervisor: SupervisorConfig = attrs.field(factory=SupervisorConfig)
     sink: SinkSpec = attrs.field(factory=SinkSpec)
     log: LogConfig = attrs.field(factory=LogConfig)
+    http: HttpConfig = attrs.field(factory=HttpConfig)
+    tls: TlsConfig = attrs.field(factory=TlsConfig)
     shards: tuple[ShardConfig, ...] = ()

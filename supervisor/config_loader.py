@@ -22,15 +22,17 @@ from shard_worker.protocol import SinkSpec, StreamSpec
 from supervisor.config import (
     Config,
     DynamoConfig,
+    HttpConfig,
     LeaseConfig,
     LogConfig,
     ShardConfig,
     SupervisorConfig,
+    TlsConfig,
     WorkerConfig,
 )
 from supervisor.durations import format_duration, parse_duration
 
-_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log", "shards")
+_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log", "http", "tls", "shards")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _SINK_KINDS = ("jsonl",)
 _SINK_PLACEHOLDERS = ("shard", "stream", "epoch", "worker")
@@ -214,7 +216,14 @@ _CHECKS: dict[str, dict[str, Check]] = {
         "worker_command": _command,
     },
     "sink": {"kind": _one_of(_SINK_KINDS), "path": _sink_path, "fsync": _boolean},
-    "log": {"level": _one_of(_LOG_LEVELS)},
+    "log": {"level": _one_of(_LOG_LEVELS), "format": _one_of(("json", "text"))},
+    "http": {
+        "listen": _matching(
+            r"(?:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5})?",
+            'be "" (disabled) or HOST:PORT like "127.0.0.1:9400" (port 0 picks a free one)',
+        )
+    },
+    "tls": {"ca_bundle": _string, "verify": _boolean},
 }
 _STREAM_CHECKS: dict[str, Check] = {
     "url": _stream_url,
@@ -412,6 +421,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     supervisor = _supervisor(reader, data)
     sink, _ = reader.section(data, "sink")
     log, _ = reader.section(data, "log")
+    http, _ = reader.section(data, "http")
+    tls, _ = reader.section(data, "tls")
     config = Config(
         worker=WorkerConfig(**worker),
         dynamodb=DynamoConfig(**dynamodb),
@@ -419,6 +430,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         supervisor=supervisor,
         sink=SinkSpec(**sink),
         log=LogConfig(**log),
+        http=HttpConfig(**http),
+        tls=TlsConfig(**tls),
         shards=_shards(reader, data),
     )
     if reader.problems:

@@ -272,9 +272,9 @@ def test_edge_values_are_accepted() -> None:
         ("[dynamo]\n", "dynamo: unknown key (did you mean 'dynamodb'?)"),
         (
             "[log]\nxyz = 1",
-            "log.xyz: unknown key (known keys: level)",
+            "log.xyz: unknown key (known keys: level, format)",
         ),
-        ('[log]\n"a b" = 1', 'log."a b": unknown key (known keys: level)'),
+        ('[log]\n"a b" = 1', 'log."a b": unknown key (known keys: level, format)'),
     ],
 )
 def test_rule(text: str, problem: str) -> None:
