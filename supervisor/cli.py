@@ -235,6 +235,15 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
                         else:
                             supervisor.request_shutdown()
 
+                if config.http.listen:
+                    from supervisor.http_endpoint import ListenError, serve_http
+
+                    try:
+                        routes = supervisor.http_routes()
+                        await nursery.start(serve_http, config.http.listen, routes)
+                    except ListenError as exc:
+                        log.error("%s (another supervisor on this host? set another port)", exc)
+                        return exit_codes.CONFIG
                 nursery.start_soon(forward_signals)
                 if spawner is not None:
                     await nursery.start(spawner.run)

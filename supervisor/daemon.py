@@ -6,6 +6,7 @@ Only this module (and the runners) read the clock or sleep; every decision comes
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -20,7 +21,9 @@ from supervisor import exit_codes
 from supervisor.child_process import spawn_child
 from supervisor.config import Config, ShardConfig
 from supervisor.config_loader import ConfigError
+from supervisor.http_endpoint import Response
 from supervisor.lease_core import OwnLease, PeerTracker, plan_round
+from supervisor.metrics import Metrics
 from supervisor.sd_notify import Notifier
 from supervisor.shard_runner import RunnerContext, ShardRunner, Spawn
 from supervisor.shard_spec import decode_spec
@@ -64,6 +67,7 @@ class Supervisor:
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.worker_id = worker_id
@@ -74,9 +78,16 @@ class Supervisor:
         self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
         self.tracker = PeerTracker(lease.duration)
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
+        self.metrics = metrics or Metrics()
+        self.metrics.info.labels(worker_id).set(1)
+        self.metrics.watch(self.metrics_state)
+        if hasattr(store, "observer"):
+            store.observer = self.metrics.observe_store
         self.ctx = RunnerContext(
-            config, worker_id, store, self.lease, spawn, now, session=self.session
+            config, worker_id, store, self.lease, spawn, now, self.session, self.metrics
         )
+        self.heartbeat_ok = False  # the last heartbeat reached the store (for /readyz)
+        self.heartbeat_problem = "no heartbeat yet"
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
         self.state = "starting"  # starting | running | draining | stopped
@@ -244,6 +255,8 @@ class Supervisor:
                 await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", exc or "timed out")
+            self.metrics.heartbeat_failures.inc()
+            self.heartbeat_ok, self.heartbeat_problem = False, str(exc) or "timed out"
             return
         except WorkerIdTaken:
             log.error(
@@ -253,6 +266,8 @@ class Supervisor:
             self.exit_code = exit_codes.CONFIG
             self.request_shutdown()
             return
+        self.metrics.heartbeat.observe(self.now() - sent)
+        self.heartbeat_ok, self.heartbeat_problem = True, ""
         if not self.lease.is_valid(sent):
             # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
             # peers may own our shards now. Never extend a fence across that gap.
@@ -484,6 +499,8 @@ class Supervisor:
         finally:
             self._taking.discard(shard_id)
         self._rescan = True
+        source = "unowned" if not expected_owner else "dead-owner"
+        self.metrics.takes.labels("own" if expected_owner == self.worker_id else source).inc()
         previous = expected_owner or "nobody"
         log.info(
             "took shard from %s at epoch %d",
@@ -563,6 +580,44 @@ class Supervisor:
             log.warning("could not mark the worker stopped: %s", exc)
         log.info("drained in %.2fs", self.now() - started)
 
+    # --- health and metrics ----------------------------------------------------------------------
+
+    def http_routes(self) -> dict[str, Callable[[], Response]]:
+        return {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+
+    def _healthz(self) -> Response:
+        """Answering at all proves the event loop runs; a blocked loop makes the probe time out."""
+        return _json(200, {"status": "ok", "worker": self.worker_id, "state": self.state})
+
+    def _readyz(self) -> Response:
+        """Ready: registered, heartbeats reaching the store, own lease valid, not stopping."""
+        now = self.now()
+        problems = []
+        if self.state not in ("running", "draining"):
+            problems.append(f"state {self.state}")
+        if not self.heartbeat_ok:
+            problems.append(f"lease store: {self.heartbeat_problem}")
+        if not self.lease.is_valid(now):
+            problems.append("own lease not valid")
+        if self._shutdown.is_set():
+            problems.append("shutting down")
+        body = {"ready": not problems, "worker": self.worker_id, "problems": problems}
+        return _json(503 if problems else 200, body)
+
+    def _metrics(self) -> Response:
+        return Response(200, self.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def metrics_state(self) -> dict:
+        now = self.now()
+        active = {sid: r for sid, r in self.runners.items() if not r.lost}
+        valid = self.lease.valid_until - now
+        return {
+            "held": len(active),
+            "up": sum(1 for r in active.values() if r.state == "running"),
+            "lease_valid_s": max(valid, -1e9),
+            "shards": {sid: r.checkpoint_metrics(now) for sid, r in sorted(active.items())},
+        }
+
     # --- status --------------------------------------------------------------------------------
 
     def local_status(self) -> dict:
@@ -575,6 +630,10 @@ class Supervisor:
                 for sid, r in sorted(self.runners.items())
             },
         }
+
+
+def _json(status: int, body: dict) -> Response:
+    return Response(status, (json.dumps(body) + "\n").encode())
 
 
 __all__ = ["Supervisor", "default_spawn", "fresh_spawner"]

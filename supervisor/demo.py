@@ -128,6 +128,7 @@ def _config_text(run: DemoRun, worker: str) -> str:
         f'reconcile_interval = "{RECONCILE}s"\n',
         '[supervisor]\nshutdown_timeout = "5s"\ncheckpoint_interval = "250ms"\n',
         '[sink]\nkind = "jsonl"\npath = "out/{shard}/{stream}.{epoch}.jsonl"\n',
+        '[http]\nlisten = "127.0.0.1:0"\n',  # three supervisors on one host
     ]
     for shard, streams in SHARDS.items():
         lines.append(f'[[shards]]\nid = "{shard}"')

@@ -10,6 +10,7 @@ import collections
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -75,6 +76,18 @@ def roster_index_definition() -> dict[str, Any]:
         "KeySchema": [{"AttributeName": "roster", "KeyType": "HASH"}],
         "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(ROSTER_PROJECTION)},
     }
+
+
+def _error_kind(exc: ClientError | BotoCoreError, translated: LeaseStoreError) -> str:
+    """A metric label: throttled, unavailable, conflict or other."""
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else ""
+    if code in _THROTTLING:
+        return "throttled"
+    if isinstance(translated, StoreUnavailable):
+        return "unavailable"
+    if isinstance(translated, LeaseConflict):
+        return "conflict"
+    return "other"
 
 
 def _client_config(max_concurrency: int) -> Config:
@@ -241,6 +254,8 @@ class DynamoLeaseStore:
         self._limiter = trio.CapacityLimiter(max_concurrency)
         # DynamoDB requests made, per store method (snapshot counts one per page).
         self.request_counts: collections.Counter[str] = collections.Counter()
+        # Called after every request: (operation, seconds, error kind or ""); for metrics.
+        self.observer: Callable[[str, float, str], None] | None = None
 
     def __repr__(self) -> str:
         return f"DynamoLeaseStore({self.table!r}, {self.region!r}, {self.endpoint!r})"
@@ -253,12 +268,19 @@ class DynamoLeaseStore:
         token until the call really ends, so the concurrency stays bounded.
         """
         self.request_counts[op] += 1
+        started = time.monotonic()
+        error = ""
         try:
             return await trio.to_thread.run_sync(
                 functools.partial(fn, **kwargs), limiter=self._limiter, abandon_on_cancel=True
             )
         except (ClientError, BotoCoreError) as exc:
-            raise self._translate(op, exc) from exc
+            translated = self._translate(op, exc)
+            error = _error_kind(exc, translated)
+            raise translated from exc
+        finally:
+            if self.observer is not None:
+                self.observer(op, time.monotonic() - started, error)
 
     def _translate(self, op: str, exc: ClientError | BotoCoreError) -> LeaseStoreError:
         """The one mapping from botocore's errors to the store's."""

@@ -65,6 +65,7 @@ class MemoryLeaseStore:
             collections.deque
         )
         self.request_counts: collections.Counter[str] = collections.Counter()
+        self.observer = None  # as DynamoLeaseStore's: (operation, seconds, error kind or "")
 
     def peer(self) -> MemoryLeaseStore:
         """Another handle on the same items with its own knobs: a second worker's view."""
@@ -82,6 +83,8 @@ class MemoryLeaseStore:
         """One checkpoint, like a request in flight; then the injected failures, if any."""
         await trio.lowlevel.checkpoint()
         self.request_counts[op] += 1
+        if self.observer is not None:
+            self.observer(op, 0.0, "unavailable" if self.unavailable else "")
         if self.unavailable:
             raise StoreUnavailable(f"{op}: memory store set unavailable")
         if self._failures[op]:

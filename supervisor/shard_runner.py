@@ -19,6 +19,7 @@ from shard_worker import protocol as p
 from supervisor.child_process import ChildHandle, pump_output
 from supervisor.config import Config, ShardConfig
 from supervisor.lease_core import OwnLease
+from supervisor.metrics import Metrics
 from supervisor.restart_policy import RestartPolicy
 from supervisor.store import LeaseConflict, LeaseStore, StoreUnavailable
 
@@ -47,6 +48,7 @@ class RunnerContext:
     spawn: Spawn
     now: Callable[[], float]  # time.monotonic in production: fence deadlines cross processes
     session: str = ""  # the supervisor's, for the children's last will
+    metrics: Metrics = attrs.field(factory=Metrics)
 
 
 @attrs.define(eq=False)
@@ -75,9 +77,20 @@ class ShardRunner:
     _ready: bool = False
     _exit_reason: str = ""  # why the last child died, when we know better than its exit code
     progress: p.Heartbeat | None = None
+    _stored_at: float = 0.0  # when the table last accepted our checkpoint (or the take)
+    _counted: dict[str, dict[str, int]] = attrs.field(factory=dict)  # this child's, per stream
 
     def __attrs_post_init__(self) -> None:
         self._stored = dict(self.checkpoint)
+        self._stored_at = self.taken_at
+
+    def checkpoint_metrics(self, now: float) -> dict:
+        """Checkpoint age, and per stream the records written beyond it (replayed on a crash)."""
+        last = self.progress.last_seq if self.progress is not None else {}
+        return {
+            "checkpoint_age_s": now - self._stored_at,
+            "lag": {s: max(0, seq - self._stored.get(s, 0)) for s, seq in sorted(last.items())},
+        }
 
     @property
     def shard_id(self) -> str:
@@ -108,6 +121,7 @@ class ShardRunner:
         if self._lost:
             return
         log.warning("lease lost: %s", reason, extra=self._extra())
+        self.ctx.metrics.leases_lost.inc()
         self._lost, self.state = True, "lost"
         if self._child is not None:
             self._child.signal(signal.SIGKILL)
@@ -142,7 +156,9 @@ class ShardRunner:
                     break
                 decision = policy.child_crashed(self.ctx.now())
                 self.restarts += 1
+                self.ctx.metrics.restarts.labels(_restart_reason(code, self._exit_reason)).inc()
                 if decision.crash_loop:
+                    self.ctx.metrics.quarantines.inc()
                     log.error(
                         "crash loop: %d restarts within %ss; quarantining the shard",
                         cfg.max_restarts,
@@ -176,6 +192,10 @@ class ShardRunner:
         self.state = "quarantined" if self.crash_looped else "stopped"
         now = self.ctx.now()
         handover = now - (self._stop_requested_at or now)
+        reason = "crash loop" if self.crash_looped else (self._stop_reason or "lease ended")
+        self.ctx.metrics.releases.labels(reason).inc()
+        if self._stop_requested_at is not None and not self.crash_looped:
+            self.ctx.metrics.handoff.observe(handover)
         log.info(
             "%s: handed over in %.3fs (held %.1fs, reason %s, successor %s)",
             "quarantined" if self.crash_looped else "released",
@@ -287,6 +307,7 @@ class ShardRunner:
                 self.shard_id, self.ctx.worker_id, self.epoch, checkpoint
             )
             self._stored = dict(checkpoint)
+            self._stored_at = self.ctx.now()
         except LeaseConflict:
             self.lose("checkpoint refused: the table has another owner or epoch")
         except StoreUnavailable as exc:
@@ -341,3 +362,16 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return {1: "error", 2: "protocol error", 3: "fence deadline passed"}.get(code, "crash")
+
+
+def _restart_reason(code: int | None, known: str) -> str:
+    """A small fixed set of labels: hang, fence, protocol, signal, error."""
+    if known:
+        return known
+    if code == 3:
+        return "fence"
+    if code == 2:
+        return "protocol"
+    if code is not None and code < 0:
+        return "signal"
+    return "error"

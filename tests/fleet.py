@@ -60,6 +60,7 @@ class Fleet:
             },
             "sink": {"path": "out/{shard}/{stream}.{epoch}.jsonl"},
             "log": {"level": "debug"},
+            "http": {"listen": "127.0.0.1:0"},  # several supervisors share this host
         }
         for section, values in self.overrides.items():
             sections.setdefault(section, {}).update(values)
