@@ -19,10 +19,17 @@ from supervisor.config_loader import ConfigError, parse_config
 def encode_spec(shard: ShardConfig) -> str:
     """The ``spec`` attribute: the streams as JSON, only the keys that differ from defaults."""
     streams = [
-        {key: value for key, value in attrs.asdict(stream).items() if value != ""}
+        {key: _toml_form(value) for key, value in attrs.asdict(stream).items() if value}
         for stream in shard.streams
     ]
     return json.dumps({"streams": streams}, sort_keys=True, separators=(",", ":"))
+
+
+def _toml_form(value: Any) -> Any:
+    """As a [[shards.streams]] table spells it: pairs (headers) become a table."""
+    if isinstance(value, tuple | list) and all(isinstance(v, tuple | list) for v in value):
+        return {str(k): v for k, v in value}
+    return value
 
 
 def shard_from_streams(

@@ -171,6 +171,17 @@ async def test_live_registry_reload_and_drain(fleet6):
             s: e for s, e in before.items() if s not in ("k2", "n1")
         }
 
+        # A file that no longer parses: logged, nothing changes, the process keeps running.
+        good = (fleet.workdir / "w1.toml").read_text()
+        (fleet.workdir / "w1.toml").write_text('[lease]\nduration = "soon"\n')
+        fleet.kill("w1", signal.SIGHUP)
+        with trio.fail_after(5):
+            while "is invalid, keeping the running config" not in fleet.log("w1"):
+                await trio.sleep(0.05)
+        (fleet.workdir / "w1.toml").write_text(good)
+        assert fleet.procs["w1"].returncode is None
+        assert await epochs(fleet) == after
+
         # `drain`: the worker hands off everything, takes nothing, shows as draining.
         assert (await cli(fleet, "drain", "w3"))[0] == 0
         await wait_balanced(fleet, ["w1", "w2"], timeout=RECONCILE * 2 + 5)

@@ -246,3 +246,26 @@ async def test_a_named_successor_takes_a_released_shard_within_one_poll(autojump
         assert taken_at - released_at <= LeaseConfig().handoff_poll_interval + 0.02
         w1.request_shutdown()
         w2.request_shutdown()
+
+
+async def test_reload_restarts_only_changed_shards_adds_and_hands_off_removed(autojump_clock):
+    h = Harness(shards=3)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        before = await h.owners()
+        assert before == {"s0": ("w1", 1), "s1": ("w1", 1), "s2": ("w1", 1)}
+        changed = ShardConfig("s1", (StreamSpec("s1", "ws://127.0.0.1:1/changed"),))
+        added = ShardConfig("s9", (StreamSpec("s9", "ws://127.0.0.1:1/new"),))
+        shards = (h.config.shards[0], changed, added)  # s2 removed
+        await sup.reload(attrs.evolve(h.config, shards=shards))
+        await trio.sleep(3 * RECONCILE)
+        after = await h.owners()
+        assert after["s0"] == ("w1", 1)  # unchanged: not restarted
+        assert after["s1"] == ("w1", 2)  # changed: handed to itself, a new epoch
+        assert after["s9"] == ("w1", 1)  # added: registered and taken
+        assert after["s2"] == ("", 1)  # removed: released, nobody here runs it
+        assert sup.runners["s1"].shard == changed
+        assert "s2" not in sup.runners
+        sup.request_shutdown()
