@@ -9,7 +9,7 @@ See docs/pipe-protocol.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import attrs
@@ -25,6 +25,29 @@ class ProtocolError(Exception):
 # --- Shard definition, shared by the supervisor's config and the start message ---------------
 
 
+def _header_pairs(
+    value: Mapping[str, str] | Iterable[Iterable[str]],
+) -> tuple[tuple[str, str], ...]:
+    """Headers as a tuple of (name, value) pairs: from a mapping, or from the JSON list of
+    pairs a start message carries. Frozen and hashable, like the rest of a StreamSpec."""
+    items = value.items() if isinstance(value, Mapping) else value
+    pairs = []
+    for pair in items:
+        if isinstance(pair, str):
+            raise TypeError("a header is a pair of strings")
+        name, text = pair
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise TypeError("a header is a pair of strings")  # (no value: it may be a secret)
+        pairs.append((name, text))
+    return tuple(pairs)
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of strings")  # (no value: they are secrets)
+    return tuple(value)
+
+
 @attrs.frozen
 class StreamSpec:
     """One WebSocket feed of a shard."""
@@ -33,6 +56,20 @@ class StreamSpec:
     url: str
     sequence: str = ""  # dotted path to the sequence number in a JSON message; "" = unsequenced
     subscribe: str = ""  # text sent after connecting; "" = nothing
+    # Sent with the opening handshake (e.g. Authorization); optional (added in v1): absent = none.
+    # Values are secrets: never logged. JSON: a list of [name, value] pairs.
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_header_pairs)
+
+
+# Header values are kept out of every log line (headers carry tokens), except very short ones:
+# "on", "1", "gzip" cannot be credentials, and masking them would garble every line.
+MIN_SECRET_HEADER = 6
+
+
+def header_secrets(streams: Iterable[StreamSpec]) -> tuple[str, ...]:
+    """The header values of ``streams`` that logs must never show."""
+    values = {v for spec in streams for _, v in spec.headers if len(v) >= MIN_SECRET_HEADER}
+    return tuple(sorted(values))
 
 
 @attrs.frozen
@@ -46,13 +83,19 @@ class SinkSpec:
 
 @attrs.frozen
 class WorkerSettings:
-    """Timing knobs the child needs; all durations in seconds."""
+    """What the child needs besides the shard: timings (all in seconds), log format, TLS."""
 
     checkpoint_interval: float = 1.0
     heartbeat_interval: float = 1.0  # liveness + progress to the supervisor
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
     connect_timeout: float = 5.0
+    # Optional (added in v1; absent = the defaults, as before):
+    log_format: str = "text"  # "json": one JSON object per stderr line (the supervisor merges it)
+    # Strings never written to the log (config secrets, header values): replaced by "***".
+    redact: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    ca_bundle: str = ""  # PEM file of CAs for wss:// feeds; "" = the system's trust store
+    verify_tls: bool = True  # False: no certificate check (logged as a warning at connect)
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,10 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 RECEIVE_BUFFER_BYTES = 64 * 1024  # trio-websocket's 4 KiB default costs a syscall per message
 DISCONNECT_TIMEOUT = 1.0  # a close handshake must not hold up a stop or a fence exit
 MALFORMED_LOG_INTERVAL = 1.0
+VERIFY_OFF_WARNING = (
+    "[tls] verify = false: feed certificates are NOT checked; anyone on the path can"
+    " impersonate a feed"
+)
 
 
 @attrs.frozen
@@ -84,6 +89,37 @@ def _redact(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path}"
 
 
+def client_tls_context(ca_bundle: str, verify: bool) -> ssl.SSLContext:
+    """The context for wss:// feeds: the system's trust store, or ``ca_bundle``'s CAs; with
+    ``verify`` false, no certificate or host name check at all."""
+    context = ssl.create_default_context(cafile=ca_bundle or None)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _reporting_handshake_failures(context: ssl.SSLContext, failed) -> ssl.SSLContext:
+    """``context``, whose TLS objects call ``failed(exc)`` when their handshake fails.
+
+    trio-websocket 0.12 swallows a failed TLS handshake and then waits for its connect
+    timeout, reporting only a timeout; this way the reader can say "certificate verify
+    failed" at once, and retry without waiting out the timeout."""
+
+    class _Reporting(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise  # the normal "need more bytes" of a non-blocking handshake
+            except ssl.SSLError as exc:
+                failed(exc)
+                raise
+
+    context.sslobject_class = _Reporting
+    return context
+
+
 class StreamReader:
     def __init__(
         self,
@@ -102,6 +138,10 @@ class StreamReader:
         self.path = SequencePath.parse(spec.sequence) if spec.sequence else None
         self.tracker = SequenceTracker(last=recorder.last(spec.id))
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
+        self.headers = [(name.encode(), value.encode()) for name, value in spec.headers]
+        self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
+        self._tls_failure: ssl.SSLError | None = None
+        self._connecting: trio.CancelScope | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read forever (until cancelled), reconnecting with backoff."""
@@ -121,24 +161,50 @@ class StreamReader:
         url = self.placeholders.render(self.spec.url, after)
         delivered = False
         try:
-            async with open_websocket_url(
-                url,
-                max_message_size=MAX_MESSAGE_BYTES,
-                receive_buffer_size=RECEIVE_BUFFER_BYTES,
-                connect_timeout=self.settings.connect_timeout,
-                disconnect_timeout=DISCONNECT_TIMEOUT,
-            ) as ws:
-                self._info(f"connected to {_redact(url)} (after={after})")
-                if self.spec.subscribe:
-                    await ws.send_message(self.placeholders.render(self.spec.subscribe, after))
-                while True:
-                    message = await ws.get_message()
-                    delivered = True
-                    self.handle(message)
+            tls = self._tls_context() if url.startswith("wss://") else None
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            return False, f"cannot load the TLS settings (tls.ca_bundle): {exc}"
+        self._tls_failure = None
+        try:
+            with trio.CancelScope() as self._connecting:
+                async with open_websocket_url(
+                    url,
+                    tls,
+                    extra_headers=self.headers or None,
+                    max_message_size=MAX_MESSAGE_BYTES,
+                    receive_buffer_size=RECEIVE_BUFFER_BYTES,
+                    connect_timeout=self.settings.connect_timeout,
+                    disconnect_timeout=DISCONNECT_TIMEOUT,
+                ) as ws:
+                    self._info(f"connected to {_redact(url)} (after={after})")
+                    if self.spec.subscribe:
+                        await ws.send_message(self.placeholders.render(self.spec.subscribe, after))
+                    while True:
+                        message = await ws.get_message()
+                        delivered = True
+                        self.handle(message)
         except ConnectionClosed as exc:
             return delivered, f"disconnected: {_describe_close(exc)}"
         except HandshakeError as exc:
             return delivered, f"cannot connect to {_redact(url)}: {_describe_handshake(exc)}"
+        finally:
+            self._connecting = None
+        # Only a failed TLS handshake cancels the scope (see _tls_failed).
+        return False, f"cannot connect to {_redact(url)}: TLS handshake failed: {self._tls_failure}"
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            context = client_tls_context(self.settings.ca_bundle, self.settings.verify_tls)
+            self._tls = _reporting_handshake_failures(context, self._tls_failed)
+        if not self.settings.verify_tls:
+            self._warning(VERIFY_OFF_WARNING)
+        return self._tls
+
+    def _tls_failed(self, exc: ssl.SSLError) -> None:
+        """Called from inside the TLS handshake: stop waiting for this connection."""
+        self._tls_failure = exc
+        if self._connecting is not None:
+            self._connecting.cancel()
 
     def handle(self, message: str | bytes) -> None:
         """Decode, dedup and write one message (synchronous: see the module docstring)."""

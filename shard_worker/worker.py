@@ -27,6 +27,7 @@ from .protocol import (
     Start,
     Stop,
     Stopped,
+    header_secrets,
 )
 from .recorder import FenceExpired, Recorder
 from .sequence import SequencePath
@@ -65,7 +66,13 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
         await _send_stopped(channel, first, {}, 0, log)
         return EXIT_OK
     start = first
-    log.shard = start.shard
+    settings = start.settings
+    log.configure(
+        shard=start.shard,
+        epoch=start.epoch,
+        log_format=settings.log_format,
+        redact=(*settings.redact, *header_secrets(start.streams)),
+    )
     sink = open_sink(
         start.sink,
         shard=start.shard,
@@ -271,11 +278,12 @@ async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:
         return EXIT_OK
     else:
         code, message = EXIT_ERROR, f"unexpected error: {exc!r}"
-        traceback.print_exception(exc)
-    log.error(message)
+    # The traceback goes through the log (one JSON line in json mode, and redacted).
+    trace = "".join(traceback.format_exception(exc)) if code == EXIT_ERROR else ""
+    log.error(message, exc=trace)
     with trio.move_on_after(FATAL_REPORT_TIMEOUT):
         try:
-            await channel.send(Error(message=message, fatal=True))
+            await channel.send(Error(message=log.redact(message), fatal=True))
         except PipeClosed as closed:
             log.warning(str(closed))
     return code

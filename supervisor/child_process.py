@@ -8,6 +8,7 @@ itself (pidfd on Linux), so no other process is ever reaped by accident.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ from typing import Protocol
 import trio
 
 from shard_worker.protocol import Decoder, Message, ProtocolError, encode
+from supervisor.logs import RESERVED_ATTRS
 
 log = logging.getLogger("shardvisor.child")
 _READ_SIZE = 65536
@@ -147,10 +149,44 @@ async def pump_output(shard_id: str, pid: int, name: str, stream: trio.abc.Recei
             line = buffer[:cut].decode(errors="replace").rstrip()
             del buffer[: cut + 1 if newline >= 0 else cut]
             if line:
-                log.info("%s", line, extra={"shard": shard_id, "pid": pid, "fd": name})
+                forward_line(shard_id, pid, name, line)
     if buffer.strip():
-        log.info("%s", buffer.decode(errors="replace").rstrip(), extra={"shard": shard_id})
+        forward_line(shard_id, pid, name, buffer.decode(errors="replace").rstrip())
     await stream.aclose()
+
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LEVELS |= {"error": logging.ERROR, "critical": logging.CRITICAL}
+_CHILD_OWN = ("ts", "level", "event", "shard", "pid", "fd", "logger")  # ours, or set below
+
+
+def forward_line(shard_id: str, pid: int, name: str, line: str) -> None:
+    """One line of a child's output as one supervisor log event.
+
+    A JSON line (a child logging in json mode) is merged: its ``event`` is the message, its
+    ``level`` the level, and its fields (``stream``, ``epoch``, ``exc``...) are kept; the
+    shard and pid are ours (a child cannot misattribute its lines). Anything else (text
+    mode, a stray print, an interpreter traceback) is forwarded as the event text, as is."""
+    context = {"shard": shard_id, "pid": pid, "fd": name}
+    child = _child_event(line)
+    if child is None:
+        log.info("%s", line, extra=context)
+        return
+    level = _LEVELS.get(str(child.get("level", "info")).lower(), logging.INFO)
+    fields = {k: v for k, v in child.items() if k not in _CHILD_OWN and k not in RESERVED_ATTRS}
+    log.log(level, "%s", child["event"], extra={**context, **fields})
+
+
+def _child_event(line: str) -> dict | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
+        return None
+    return obj
 
 
 __all__ = [
@@ -158,6 +194,7 @@ __all__ = [
     "ChildProcess",
     "PipeConversation",
     "ProtocolError",
+    "forward_line",
     "pump_output",
     "spawn_child",
 ]

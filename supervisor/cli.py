@@ -22,7 +22,7 @@ import trio
 from supervisor import exit_codes
 from supervisor.config import Config
 from supervisor.config_loader import ConfigError, load_config, render_config
-from supervisor.logs import setup_logging
+from supervisor.logs import add_secrets, redact_std_streams, setup_logging
 from supervisor.store import LeaseConflict, LeaseStoreError
 
 log = logging.getLogger("shardvisor.cli")
@@ -107,9 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(problem if prefixed else f"{args.config}: {problem}", file=sys.stderr)
         return exit_codes.CONFIG
     if args.command == "check-config":
-        sys.stdout.write(render_config(config))
+        sys.stdout.write(render_config(config))  # ${NAME} as written: no secret in it
         return exit_codes.OK
-    setup_logging(config.log.level)
+    # Substituted values and header values never reach a log line, nor stdout/stderr.
+    add_secrets(config.redacted)
+    if config.redacted:
+        redact_std_streams()
+    setup_logging(config.log.level, fmt=config.log.format)
     handlers = {
         "run": _cmd_run,
         "init-table": _cmd_init_table,
@@ -216,7 +220,11 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
     worker_id = resolve_worker_id(
         config.worker.id, environ=os.environ, hostname=socket.gethostname(), pid=os.getpid()
     )
-    setup_logging(config.log.level, worker_id)
+    setup_logging(config.log.level, worker_id, config.log.format)
+    if not config.tls.verify:
+        from shard_worker.stream_reader import VERIFY_OFF_WARNING
+
+        log.warning(VERIFY_OFF_WARNING)
     # zygote: children fork from a warm pre-imported process (ms, shared memory); fresh: exec each.
     spawner = ZygoteSpawner() if config.supervisor.spawn == "zygote" else None
     # None: the supervisor spawns fresh, with supervisor.worker_command if one is set.
@@ -263,6 +271,7 @@ async def _reload(supervisor, path: str) -> None:
             "reload: %s is invalid, keeping the running config: %s", path, "; ".join(exc.problems)
         )
         return
+    add_secrets(config.redacted)  # before any runner is told about the new definitions
     try:
         await supervisor.reload(config)
     except LeaseStoreError as exc:

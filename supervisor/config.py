@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from shard_worker.protocol import SinkSpec, StreamSpec
+from shard_worker.protocol import SinkSpec, StreamSpec, header_secrets
 
 
 @attrs.frozen
@@ -93,3 +93,15 @@ class Config:
     http: HttpConfig = attrs.field(factory=HttpConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)
     shards: tuple[ShardConfig, ...] = ()
+    # Values written with ${NAME} in the file: (key path, the text as written), so that
+    # check-config prints the reference, never the value...
+    templates: tuple[tuple[str, str], ...] = ()
+    # ...and the values substituted for them: secrets, never written to any log line.
+    secrets: frozenset[str] = frozenset()
+
+    @property
+    def redacted(self) -> frozenset[str]:
+        """Every string that must never appear in a log line or the output of a command: the
+        substituted values, and the stream header values (headers carry tokens)."""
+        headers = header_secrets(s for shard in self.shards for s in shard.streams)
+        return frozenset(v for v in self.secrets.union(headers) if v)

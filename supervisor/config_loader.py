@@ -3,6 +3,11 @@
 Each problem is one line that starts with its key path (``shards[1].streams[0].url: ...``), so
 an operator can fix the whole file in one pass instead of meeting one error per restart.
 ``render_config`` prints the effective config back as TOML that this module reads again.
+
+Any string value may hold ``${NAME}`` references to environment variables, substituted at load
+time (``$${`` is a literal ``${``). The substituted values are secrets: the config remembers
+the text as written (``render_config`` prints that) and the values (``Config.secrets``), which
+the logs redact; no problem line ever shows one.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import difflib
 import json
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +37,7 @@ from supervisor.config import (
     WorkerConfig,
 )
 from supervisor.durations import format_duration, parse_duration
+from supervisor.logs import Redactor
 
 _SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log", "http", "tls", "shards")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -39,6 +46,19 @@ _SINK_PLACEHOLDERS = ("shard", "stream", "epoch", "worker")
 _URL_PLACEHOLDERS = ("after", "shard", "stream", "epoch", "worker")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# "$${" is a literal "${"; "${NAME}" a reference; any other "${" is a mistake.
+_REFERENCE = re.compile(r"\$\$\{|\$\{(?:([A-Za-z_][A-Za-z0-9_]*)\})?")
+# RFC 9110 token characters.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HANDSHAKE_HEADERS = (
+    "host",
+    "upgrade",
+    "connection",
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-extensions",
+    "sec-websocket-protocol",
+)
 _DURATION_EXPECTED = 'expected a duration (number of seconds or a string like "250ms", "10s", "2m")'
 _UNIQUE_STREAMS_WHY = (
     "; stream ids must be unique across all shards because sink files and checkpoints"
@@ -164,6 +184,51 @@ def _stream_url(value: object) -> str:
     return _templated(text)
 
 
+def _headers(value: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise _Invalid(
+            'expected a table of header names to strings, like { Authorization = "Bearer'
+            f' ${{FEED_TOKEN}}" }}, got {_show(value)}'
+        )
+    pairs: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, text in value.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise _Invalid(
+                f"header name {name!r} is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~)"
+            )
+        if name.lower() in _HANDSHAKE_HEADERS:
+            raise _Invalid(f"header {name!r} is set by the WebSocket handshake itself")
+        if name.lower() in seen:
+            raise _Invalid(f"header {name!r} is given twice (names are case-insensitive)")
+        seen.add(name.lower())
+        if not isinstance(text, str):
+            raise _Invalid(f"header {name!r}: expected a string, got {_show(text)}")
+        if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text):
+            raise _Invalid(f"header {name!r}: the value must not contain control characters")
+        pairs.append((name, text))
+    return tuple(pairs)
+
+
+def _ca_bundle(value: object) -> str:
+    text = _string(value)
+    if not text:
+        return text
+    try:
+        with Path(text).open("rb"):
+            pass
+        ssl.create_default_context(cafile=text)
+    except IsADirectoryError:
+        raise _Invalid(f"{text!r} is a directory, not a PEM file of CA certificates") from None
+    except FileNotFoundError:
+        raise _Invalid(f"no such file {text!r} (a PEM file of CA certificates)") from None
+    except PermissionError:
+        raise _Invalid(f"{text!r} is not readable by this user") from None
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise _Invalid(f"{text!r} is not a PEM file of CA certificates: {exc}") from None
+    return text
+
+
 def _sink_path(value: object) -> str:
     text = _string(value)
     if not text:
@@ -223,7 +288,7 @@ _CHECKS: dict[str, dict[str, Check]] = {
             'be "" (disabled) or HOST:PORT like "127.0.0.1:9400" (port 0 picks a free one)',
         )
     },
-    "tls": {"ca_bundle": _string, "verify": _boolean},
+    "tls": {"ca_bundle": _ca_bundle, "verify": _boolean},
 }
 _STREAM_CHECKS: dict[str, Check] = {
     "url": _stream_url,
@@ -232,7 +297,82 @@ _STREAM_CHECKS: dict[str, Check] = {
         'be "" or a dotted path of identifiers like "seq" or "meta.seq"',
     ),
     "subscribe": _templated,
+    "headers": _headers,
 }
+
+
+# --- ${NAME} substitution ----------------------------------------------------------------------
+
+
+@attrs.define
+class _Substitution:
+    """Replaces ``${NAME}`` in every string of the document, remembering what it did."""
+
+    environ: Mapping[str, str] | None  # None: references are refused (registered shards)
+    problems: list[str] = attrs.Factory(list)
+    failed: set[str] = attrs.Factory(set)  # key paths whose value could not be substituted
+    templates: list[tuple[str, str]] = attrs.Factory(list)  # (key path, text as written)
+    secrets: set[str] = attrs.Factory(set)
+
+    def caused(self, problem: str) -> bool:
+        """Whether a validation problem only follows from a failed substitution (a value
+        still holding its ``${NAME}``): reporting it too would be noise."""
+        path = problem.split(": ", 1)[0]
+        return any(f == path or f.startswith((f"{path}.", f"{path}[")) for f in self.failed)
+
+    def walk(self, value: Any, path: str) -> Any:
+        if isinstance(value, str):
+            return self.text(value, path)
+        if isinstance(value, dict):
+            return {k: self.walk(v, _key_path(path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.walk(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    def text(self, text: str, path: str) -> str:
+        if "${" not in text:
+            return text
+        if self.environ is None:
+            self.failed.add(path)
+            self.problems.append(
+                f"{path}: ${{...}} is substituted only in config files: a registered shard is"
+                " stored in the table as given, where `shards list` shows it; define a shard"
+                " that needs a secret in [[shards]] of the config file"
+            )
+            return text
+        environ = self.environ
+        used: list[str] = []
+        problems: list[str] = []
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if match.group(0) == "$${":
+                return "${"
+            if name is None:
+                problems.append(
+                    f'{path}: "${{" must start a reference like ${{NAME}} (NAME: letters,'
+                    " digits, _; not starting with a digit); write $${ for a literal ${"
+                )
+            elif name not in environ:
+                problems.append(f"{path}: environment variable {name} is not set")
+            else:
+                used.append(environ[name])
+                return environ[name]
+            return match.group(0)
+
+        result = _REFERENCE.sub(replace, text)
+        if problems:
+            self.failed.add(path)
+            self.problems += dict.fromkeys(problems)  # once each, in order
+        if used:
+            self.templates.append((path, text))
+            self.secrets.update(v for v in used if v)
+        return result
+
+
+def _escape(text: str) -> str:
+    """The inverse of substitution for a plain value: a literal ``${`` is written ``$${``."""
+    return text.replace("${", "$${")
 
 
 # --- Walking the tables --------------------------------------------------------------------
@@ -409,10 +549,23 @@ def _shards(reader: _Reader, data: Mapping[str, Any]) -> tuple[ShardConfig, ...]
 # --- Public API --------------------------------------------------------------------------------
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
-    """Validate the parsed TOML document; raise ConfigError listing every problem found."""
+def parse_config(
+    data: dict[str, Any],
+    source: str = "<config>",
+    *,
+    environ: Mapping[str, str] | None = None,
+    substitute: bool = True,
+) -> Config:
+    """Validate the parsed TOML document; raise ConfigError listing every problem found.
+
+    ``${NAME}`` in a string is replaced from ``environ`` (default: os.environ); with
+    ``substitute`` false a reference is a problem (definitions stored in the table)."""
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: expected a table of sections, got {_show(data)}"], source)
+    substitution = _Substitution(
+        (os.environ if environ is None else environ) if substitute else None
+    )
+    data = substitution.walk(data, "")
     reader = _Reader()
     reader.table(data, "", _SECTIONS)
     worker, _ = reader.section(data, "worker")
@@ -433,13 +586,21 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         http=HttpConfig(**http),
         tls=TlsConfig(**tls),
         shards=_shards(reader, data),
+        templates=tuple(sorted(substitution.templates)),
+        secrets=frozenset(substitution.secrets),
     )
-    if reader.problems:
-        raise ConfigError(reader.problems, source)
+    problems = substitution.problems + [p for p in reader.problems if not substitution.caused(p)]
+    if problems:
+        # A problem may quote a bad value: never one that came from the environment.
+        redactor = Redactor()
+        redactor.add(substitution.secrets)
+        raise ConfigError([redactor(problem) for problem in problems], source)
     return config
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> Config:
     """Read and validate a TOML config file; every failure is a ConfigError naming the file."""
     name = os.fspath(path)
     try:
@@ -452,7 +613,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError([f"{name}: not UTF-8 text: {exc}"], name) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{name}: invalid TOML: {exc}"], name) from exc
-    return parse_config(data, source=name)
+    return parse_config(data, source=name, environ=environ)
 
 
 def _toml_value(value: object) -> str:
@@ -467,23 +628,48 @@ def _toml_value(value: object) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def _toml_table(header: str, obj: object, skip: Sequence[str] = ()) -> list[str]:
-    lines = [header]
-    for field in attrs.fields(type(obj)):
-        if field.name not in skip:
-            lines.append(f"{field.name} = {_toml_value(getattr(obj, field.name))}")
-    return [*lines, ""]
+@attrs.define
+class _Renderer:
+    """Model values as TOML, with every substituted value shown as written (``${NAME}``)."""
+
+    templates: dict[str, str]
+
+    def value(self, value: object, path: str) -> str:
+        if path in self.templates:
+            return _toml_value(self.templates[path])
+        if isinstance(value, str):
+            return _toml_value(_escape(value))
+        if isinstance(value, tuple):
+            return "[" + ", ".join(self.value(v, f"{path}[{i}]") for i, v in enumerate(value)) + "]"
+        return _toml_value(value)
+
+    def table(self, header: str, obj: object, path: str, skip: Sequence[str] = ()) -> list[str]:
+        lines = [header]
+        for field in attrs.fields(type(obj)):
+            if field.name not in skip:
+                key_path = _key_path(path, field.name)
+                value = getattr(obj, field.name)
+                text = self.pairs(value, key_path) if field.name == "headers" else None
+                lines.append(f"{field.name} = {text or self.value(value, key_path)}")
+        return [*lines, ""]
+
+    def pairs(self, pairs: tuple[tuple[str, str], ...], path: str) -> str:
+        """(name, value) pairs as an inline table."""
+        items = [f"{_key_path('', k)} = {self.value(v, _key_path(path, k))}" for k, v in pairs]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
 
 
 def render_config(config: Config) -> str:
-    """The effective config as TOML: every key, defaults filled in, readable by parse_config."""
+    """The effective config as TOML: every key, defaults filled in, readable by parse_config.
+    A value that came from ``${NAME}`` is shown as written: a secret is never printed."""
+    render = _Renderer(dict(config.templates))
     lines = ["# Effective shardvisor configuration (every key, defaults filled in).", ""]
     for name in _SECTIONS[:-1]:
-        lines += _toml_table(f"[{name}]", getattr(config, name))
+        lines += render.table(f"[{name}]", getattr(config, name), name)
     if not config.shards:
         lines.append("# No [[shards]]: shards may be registered later.")
-    for shard in config.shards:
-        lines += _toml_table("[[shards]]", shard, skip=["streams"])
-        for stream in shard.streams:
-            lines += _toml_table("[[shards.streams]]", stream)
+    for i, shard in enumerate(config.shards):
+        lines += render.table("[[shards]]", shard, f"shards[{i}]", skip=["streams"])
+        for j, stream in enumerate(shard.streams):
+            lines += render.table("[[shards.streams]]", stream, f"shards[{i}].streams[{j}]")
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -10,6 +10,7 @@ once its position has been dropped).
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -90,7 +91,9 @@ class FeedServer:
         payload_bytes: int = 100,
         max_history: int = 1_000_000,
         stream_names: Iterable[str] = (),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``ssl_context``: serve wss:// with this server-side context (None: plain ws://)."""
         if rate <= 0:
             raise ValueError("rate must be > 0 messages/s")
         if max_history < 1:
@@ -99,6 +102,7 @@ class FeedServer:
         self.payload_bytes = payload_bytes
         self.max_history = max_history
         self._initial = tuple(stream_names)
+        self.ssl_context = ssl_context
         self._streams: dict[str, FeedStream] = {}
         self._connections: dict[WebSocketConnection, str] = {}
         self._nursery: trio.Nursery | None = None
@@ -114,7 +118,14 @@ class FeedServer:
             for name in self._initial:
                 self.stream(name)
             server = await nursery.start(
-                partial(serve_websocket, self._handle, host, port, None, handler_nursery=nursery)
+                partial(
+                    serve_websocket,
+                    self._handle,
+                    host,
+                    port,
+                    self.ssl_context,
+                    handler_nursery=nursery,
+                )
             )
             task_status.started(server.port)
 

@@ -19,6 +19,7 @@ import trio
 from supervisor import exit_codes
 from supervisor.config import Config
 from supervisor.config_loader import ConfigError
+from supervisor.logs import REDACTED
 from supervisor.shard_spec import encode_spec, shard_from_streams
 from supervisor.store import LeaseConflict, LeaseStore, Snapshot
 
@@ -113,7 +114,7 @@ def registry_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
         streams: list[Any] = []
         if item.spec:
             with contextlib.suppress(ValueError, AttributeError):
-                streams = json.loads(item.spec).get("streams", [])
+                streams = [_masked(s) for s in json.loads(item.spec).get("streams", [])]
         rows.append(
             {
                 "id": item.id,
@@ -125,6 +126,13 @@ def registry_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _masked(stream: Any) -> Any:
+    """A stored stream with its header values hidden: headers carry tokens."""
+    if isinstance(stream, dict) and isinstance(stream.get("headers"), dict):
+        return {**stream, "headers": dict.fromkeys(stream["headers"], REDACTED)}
+    return stream
 
 
 def listing(store: LeaseStore, config: Config, *, as_json: bool) -> int:

@@ -260,7 +260,15 @@ class ShardRunner:
             await self._handle(msg)
 
     def _start_message(self) -> p.Start:
+        from pathlib import Path
+
+        from supervisor import logs
+
         cfg = self.ctx.config
+        # What the child must never log: every secret of this process (a reloaded file's too,
+        # registered by the CLI) and this shard's header values (registered shards' included).
+        headers = p.header_secrets(self.shard.streams)
+        redact = sorted({*logs.secrets(), *cfg.redacted, *headers} - {""})
         return p.Start(
             shard=self.shard_id,
             epoch=self.epoch,
@@ -268,7 +276,14 @@ class ShardRunner:
             streams=self.shard.streams,
             checkpoint=dict(self.checkpoint),
             sink=cfg.sink,
-            settings=p.WorkerSettings(checkpoint_interval=cfg.supervisor.checkpoint_interval),
+            settings=p.WorkerSettings(
+                checkpoint_interval=cfg.supervisor.checkpoint_interval,
+                log_format=cfg.log.format,
+                redact=tuple(redact),
+                # Absolute: a child's working directory need not be ours.
+                ca_bundle=str(Path(cfg.tls.ca_bundle).absolute()) if cfg.tls.ca_bundle else "",
+                verify_tls=cfg.tls.verify,
+            ),
             fence_deadline=self.ctx.lease.valid_until,
             last_will=p.LastWill(
                 table=cfg.dynamodb.table,

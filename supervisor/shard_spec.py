@@ -35,8 +35,12 @@ def _toml_form(value: Any) -> Any:
 def shard_from_streams(
     shard_id: str, streams: Sequence[Mapping[str, Any]], source: str
 ) -> ShardConfig:
-    """Validate like a ``[[shards]]`` table; ConfigError names each problem."""
-    config = parse_config({"shards": [{"id": shard_id, "streams": list(streams)}]}, source)
+    """Validate like a ``[[shards]]`` table; ConfigError names each problem.
+
+    ``${NAME}`` is refused here: the definition is stored in the table as given and shown by
+    ``shards list``, so a secret must come from a config file's ``[[shards]]`` instead."""
+    data = {"shards": [{"id": shard_id, "streams": list(streams)}]}
+    config = parse_config(data, source, substitute=False)
     return config.shards[0]
 
 
