@@ -254,7 +254,7 @@ class Supervisor:
             with trio.fail_after(self.config.lease.duration / 2):
                 await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
         except (StoreUnavailable, trio.TooSlowError) as exc:
-            log.warning("heartbeat failed: %s", exc or "timed out")
+            log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
             self.heartbeat_ok, self.heartbeat_problem = False, str(exc) or "timed out"
             return
@@ -379,6 +379,11 @@ class Supervisor:
         for take in plan.take:
             if not self.lease.is_valid(self.now()):
                 break
+            if take.expected_owner == self.worker_id and not warm:
+                # Still owned by an earlier incarnation of our worker id, whose child may be
+                # alive (frozen, starved) and writing up to its fence: that fence ends within
+                # a lease duration of our registration, as for any dead owner's shards.
+                continue
             await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         self.notifier.notify(status=self._status_line())
 

@@ -143,7 +143,6 @@ async def test_live_registry_reload_and_drain(fleet6):
         assert rows["n1"]["streams"][0]["url"] == url
 
         # `shards remove`: the owner stops its child and the item is retired, not taken again.
-        owner = (await fleet.owners())["n1"]
         assert (await cli(fleet, "shards", "remove", "n1"))[0] == 0
         with trio.fail_after(RECONCILE * 2 + 5):
             while (await fleet.owners())["n1"]:
@@ -151,7 +150,8 @@ async def test_live_registry_reload_and_drain(fleet6):
         await trio.sleep(2 * RECONCILE)
         item = next(s for s in (await fleet.snapshot()).shards if s.id == "n1")
         assert item.owner == "" and item.retired_at > 0
-        assert "retired" in fleet.log(owner)
+        # The owner when the request landed (n1 may have moved in a rebalance meanwhile).
+        assert any("handing off: retired" in fleet.log(w) for w in ("w1", "w2", "w3"))
         assert (await cli(fleet, "shards", "remove", "k1"))[0] == 66  # a TOML shard
 
         # SIGHUP: only the shard whose definition changed restarts (a new epoch).
@@ -214,7 +214,10 @@ async def test_children_of_a_killed_supervisor_release_their_shards_at_once(flee
         assert moved
         started = trio.current_time()
         with trio.fail_after(5.0):  # well inside the 6 s lease
-            while any((await fleet.owners())[s] != "w2" for s in moved):
+            while True:
+                owners = await fleet.owners()
+                if all(owners[s] == "w2" for s in moved):
+                    break
                 await trio.sleep(0.05)
         took = trio.current_time() - started
         with trio.fail_after(5):
