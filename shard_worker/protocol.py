@@ -183,6 +183,9 @@ class Heartbeat:
     duplicates: int = 0  # sequenced messages dropped as already written
     gaps: int = 0  # sequence numbers the feed skipped
     malformed: int = 0  # messages that could not be read
+    # Per stream, counts since this child started (added in v1; absent = {}): received,
+    # written, duplicates, gaps, malformed, reconnects. The supervisor turns them into metrics.
+    streams: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ class Recorder:
         self.fence_deadline = fence_deadline  # time.monotonic(); moved by Fence messages
         self.written = 0  # records written since start, all streams
         self._last = dict(checkpoint)  # last written seq per sequenced stream
+        self.written_by_stream: dict[str, int] = {}
 
     def write(self, stream: str, seq: int | None, data: Any, encoding: str | None = None) -> None:
         """Write one record unless the fence deadline has passed (then raise FenceExpired)."""
@@ -29,6 +30,7 @@ class Recorder:
             raise FenceExpired("fence deadline passed: lease may be lost")
         self.sink.write(stream, seq, data, encoding)
         self.written += 1
+        self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + 1
         if seq is not None:
             self._last[stream] = seq
 

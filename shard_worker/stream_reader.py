@@ -138,6 +138,8 @@ class StreamReader:
         self.path = SequencePath.parse(spec.sequence) if spec.sequence else None
         self.tracker = SequenceTracker(last=recorder.last(spec.id))
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
+        self.received = 0  # messages from the feed, whatever became of them
+        self.reconnects = 0
         self.headers = [(name.encode(), value.encode()) for name, value in spec.headers]
         self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
         self._tls_failure: ssl.SSLError | None = None
@@ -152,6 +154,7 @@ class StreamReader:
             if delivered:
                 backoff.reset()
             delay = backoff.next_delay()
+            self.reconnects += 1
             self._warning(f"{problem}; reconnecting in {delay:.3f}s (after={self.tracker.last})")
             await trio.sleep(delay)
 
@@ -208,6 +211,7 @@ class StreamReader:
 
     def handle(self, message: str | bytes) -> None:
         """Decode, dedup and write one message (synchronous: see the module docstring)."""
+        self.received += 1
         text, raw = decode_frame(message)
         if text is None:
             if self.path is not None:
@@ -236,6 +240,17 @@ class StreamReader:
         if skipped:
             self._warning(f"gap: {skipped} message(s) missing before seq {seq}")
         self.recorder.write(self.spec.id, seq, data)
+
+    def counts(self, written: int) -> dict[str, int]:
+        """This stream's counts for the heartbeat (``written`` comes from the recorder)."""
+        return {
+            "received": self.received,
+            "written": written,
+            "duplicates": self.tracker.duplicates,
+            "gaps": self.tracker.gaps,
+            "malformed": self.malformed.count,
+            "reconnects": self.reconnects,
+        }
 
     def _malformed(self, reason: str) -> None:
         if self.malformed.hit():

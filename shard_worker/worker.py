@@ -255,6 +255,10 @@ async def _heartbeat_loop(
                 duplicates=sum(r.tracker.duplicates for r in readers),
                 gaps=sum(r.tracker.gaps for r in readers),
                 malformed=sum(r.malformed.count for r in readers),
+                streams={
+                    r.spec.id: r.counts(recorder.written_by_stream.get(r.spec.id, 0))
+                    for r in readers
+                },
             ),
         )
 

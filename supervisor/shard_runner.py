@@ -229,6 +229,7 @@ class ShardRunner:
         child, outputs = await self.ctx.spawn(self.shard_id)
         self._child, self._child_stopped, self._child_started = child, False, False
         self._ready, self._exit_reason = False, ""
+        self._counted = {}  # a new child counts from zero
         try:
             async with trio.open_nursery() as nursery:
                 for name, stream in outputs:
@@ -296,6 +297,7 @@ class ShardRunner:
     async def _handle(self, msg: p.Message) -> None:
         if isinstance(msg, p.Heartbeat):
             self.progress = msg
+            self._count_streams(msg.streams)
         elif isinstance(msg, p.Ready):
             self._ready = True
             self.state = "running" if not self._stop.is_set() else self.state
@@ -311,6 +313,16 @@ class ShardRunner:
             log.log(level, "child reports: %s", msg.message, extra=self._extra())
         else:
             raise ChildGone(f"unexpected message from child: {msg!r}")
+
+    def _count_streams(self, streams: dict[str, dict[str, int]]) -> None:
+        """Children report totals since they started; metrics want what is new since the
+        last heartbeat (a restarted child starts from zero again: see _run_child_once)."""
+        deltas = {}
+        for stream, counts in streams.items():
+            before = self._counted.get(stream, {})
+            deltas[stream] = {k: v - before.get(k, 0) for k, v in counts.items()}
+            self._counted[stream] = dict(counts)
+        self.ctx.metrics.add_stream_counts(self.shard_id, deltas)
 
     async def _write_checkpoint(self, checkpoint: dict[str, int]) -> None:
         """The child reports only what its sink flushed, so storing it never runs ahead."""

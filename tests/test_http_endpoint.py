@@ -107,6 +107,14 @@ async def test_readiness_follows_the_lease_store_and_metrics_move(tmp_path, tabl
                 assert second[heartbeats] > first[heartbeats]
                 assert second["shardvisor_heartbeat_seconds_count"] > 0
                 assert second["shardvisor_epoch_changes_total{source=unowned}"] == 1
+                # Children report per-stream counts with their heartbeat (every second).
+                written = "shardvisor_stream_messages_total{outcome=written,shard=h1,stream=h1-a}"
+                received = written.replace("written", "received", 1)
+                counts = [await _wait_metric(base, written, above=0)]
+                counts.append(await _wait_metric(base, written, above=counts[0]))
+                assert counts[1] > counts[0] > 0
+                assert (await _metrics(base))[received] >= counts[1]
+                assert "shardvisor_checkpoint_age_seconds{shard=h1}" in second
 
                 server.pause()  # the store hangs: heartbeats time out
                 body = await _wait_status(f"{base}/readyz", 503)
@@ -130,6 +138,13 @@ async def _endpoint(fleet: Fleet, worker: str) -> str:
         while not (found := re.search(r"HTTP endpoint on ([\d.]+):(\d+)", fleet.log(worker))):
             await trio.sleep(0.05)
     return f"http://{found.group(1)}:{found.group(2)}"
+
+
+async def _wait_metric(base: str, name: str, above: float) -> float:
+    with trio.fail_after(10):
+        while (value := (await _metrics(base)).get(name, 0.0)) <= above:
+            await trio.sleep(0.2)
+    return value
 
 
 async def _wait_status(url: str, status: int) -> bytes:
