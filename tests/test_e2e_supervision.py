@@ -13,6 +13,8 @@ import pytest
 import trio
 from fleet import DURATION, RECONCILE, STREAMS, alive, child_pids
 
+from shard_worker.worker import LAST_WILL_TIMEOUT
+
 pytestmark = pytest.mark.slow
 FAULTY = str(Path(__file__).with_name("faulty_worker.py"))
 
@@ -88,7 +90,9 @@ async def test_a_host_whose_shards_all_crash_loop_exits_70(fleet):
 
 
 @pytest.mark.parametrize("spawn", ["zygote", "fresh"])
-async def test_sigkill_of_the_supervisor_takes_its_children_within_a_second(fleet, spawn):
+async def test_sigkill_of_the_supervisor_its_children_release_their_shards_and_exit(fleet, spawn):
+    """Orphaned children stop writing, release their own shard (the last will, which imports
+    boto3 and makes two requests) and exit: bounded by the will's own deadline."""
     fleet.overrides["supervisor"] = {"spawn": spawn}
     await fleet.start("w1")
     for stream in STREAMS:
@@ -97,9 +101,12 @@ async def test_sigkill_of_the_supervisor_takes_its_children_within_a_second(flee
     assert len(children) == len(fleet.shards)
     fleet.kill("w1")
     await fleet.procs["w1"].wait()
-    with trio.fail_after(1.0):  # exited (a zombie awaiting init's reaping counts as exited)
+    with trio.fail_after(LAST_WILL_TIMEOUT + 1.0):  # a zombie awaiting reaping counts as exited
         while any(alive(pid) for pid in children):
             await trio.sleep(0.02)
+    snapshot = await fleet.snapshot()
+    assert {(s.owner, s.state) for s in snapshot.shards} == {("", "last-will")}
+    assert [w.state for w in snapshot.workers] == ["orphaned"]
 
 
 @pytest.mark.parametrize("whole_group", [False, True], ids=["supervisor", "process-group"])
