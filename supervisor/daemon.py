@@ -439,9 +439,11 @@ class Supervisor:
                 log.debug("hand-off poll skipped: %s", exc)
                 continue
             for shard in vacant:
+                # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
                 if (
                     shard.successor == self.worker_id
                     and shard.id in self._runnable
+                    and self._accepting(self.now())
                     and self.lease.is_valid(self.now())
                 ):
                     await self._take(shard.id, "", shard.epoch)
