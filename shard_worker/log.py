@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -29,6 +30,24 @@ def redact(text: str, secrets: tuple[str, ...]) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return text
+
+
+@attrs.define
+class RateLimitedCount:
+    """Counts events; ``hit()`` says whether it is time to log again (once per interval), so a
+    burst of the same trouble makes one line, not one per message."""
+
+    interval: float
+    count: int = 0
+    _last_logged: float = float("-inf")
+
+    def hit(self, n: int = 1) -> bool:
+        self.count += n
+        now = time.monotonic()
+        if now - self._last_logged >= self.interval:
+            self._last_logged = now
+            return True
+        return False
 
 
 @attrs.define

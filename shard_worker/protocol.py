@@ -72,13 +72,35 @@ def header_secrets(streams: Iterable[StreamSpec]) -> tuple[str, ...]:
     return tuple(sorted(values))
 
 
+DEFAULT_DEAD_LETTER_PATH = "out/{shard}/dead-letter.{epoch}.jsonl"
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+
+
 @attrs.frozen
 class SinkSpec:
-    """Where the worker writes records (the child builds the sink from this)."""
+    """Where the worker writes records (the child builds the sink from this); the supervisor's
+    ``[sink]`` section, plus ``dead_letter`` (the ``[dead_letter] path``).
 
-    kind: str = "jsonl"
-    path: str = "out/{shard}/{stream}.{epoch}.jsonl"
-    fsync: bool = False
+    Every field but the first three was added in v1 with a default, so a Start message of an
+    older supervisor still decodes (and means what it meant: jsonl, no rotation)."""
+
+    kind: str = "jsonl"  # jsonl | stdout | kinesis | sqs | handler
+    path: str = "out/{shard}/{stream}.{epoch}.jsonl"  # jsonl
+    fsync: bool = False  # jsonl: fsync at every checkpoint (and before a rotation)
+    rotate_bytes: int = 0  # jsonl: start a new file once one reaches this size; 0 = never
+    stream: str = ""  # kinesis: stream name or ARN
+    partition_key: str = "{shard}:{stream}"  # kinesis
+    queue_url: str = ""  # sqs (FIFO when it ends in .fifo)
+    region: str = ""  # kinesis, sqs ("" = boto3's default)
+    endpoint_url: str = ""  # kinesis, sqs ("" = AWS)
+    handler: str = ""  # handler: "package.module:callable"
+    batch_max_records: int = 0  # batch sinks; 0 = the sink's own limit
+    batch_max_bytes: int = 0  # batch sinks; 0 = the sink's own limit
+    batch_max_wait: float = 0.5  # batch sinks: seconds a batch waits for more records
+    max_attempts: int = 8  # batch sinks: deliveries of a batch before on_failure applies
+    on_failure: str = "dead_letter"  # batch sinks: dead_letter | crash
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # bytes of one WebSocket message
+    dead_letter: str = DEFAULT_DEAD_LETTER_PATH  # jsonl path template of the dead letters
 
 
 @attrs.frozen
@@ -182,9 +204,10 @@ class Heartbeat:
     loop_lag: float  # seconds the heartbeat's own sleep overran: event-loop saturation
     duplicates: int = 0  # sequenced messages dropped as already written
     gaps: int = 0  # sequence numbers the feed skipped
-    malformed: int = 0  # messages that could not be read
+    malformed: int = 0  # messages that could not be read (dead-lettered)
     # Per stream, counts since this child started (added in v1; absent = {}): received,
-    # written, duplicates, gaps, malformed, reconnects. The supervisor turns them into metrics.
+    # written (delivered, for batch sinks), duplicates, gaps, malformed (too large included),
+    # reconnects, dead_lettered. The supervisor turns them into metrics.
     streams: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
 

@@ -1,7 +1,12 @@
 """One WebSocket feed of a shard: connect, subscribe, dedup, write; reconnect when it breaks.
 
-Messages are handled synchronously between two ``get_message()`` calls, so cancellation (stop)
-can only land at the receive point: a message that was received is always written.
+Messages are handled between two ``get_message()`` calls, so cancellation (stop) can only land
+at the receive point: a message that was received is always written (jsonl: synchronously, by
+the Recorder) or handed to the sink task (other kinds: a send on the bounded channel, shielded
+from cancellation; while the channel is full the reader does not read, and TCP pushes back).
+
+A message that cannot be a record (malformed, or over ``max_message_size``) goes to the
+dead-letter sink with its reason, and is counted; the log says so once per burst.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import base64
 import json
 import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
@@ -18,12 +23,18 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from .backoff import Backoff
-from .log import Log
-from .protocol import StreamSpec, WorkerSettings
-from .recorder import Recorder
+from .log import Log, RateLimitedCount
+from .protocol import DEFAULT_MAX_MESSAGE_SIZE, StreamSpec, WorkerSettings
+from .records import Record
 from .sequence import MalformedMessage, SequencePath, SequenceTracker
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+if TYPE_CHECKING:
+    from .pipeline import BatchPipeline
+    from .recorder import Recorder
+
+MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_SIZE
+_loads = json.loads
+_scan = json.JSONDecoder().scan_once  # the C scanner; called from the event loop's thread only
 RECEIVE_BUFFER_BYTES = 64 * 1024  # trio-websocket's 4 KiB default costs a syscall per message
 DISCONNECT_TIMEOUT = 1.0  # a close handshake must not hold up a stop or a fence exit
 MALFORMED_LOG_INTERVAL = 1.0
@@ -31,6 +42,10 @@ VERIFY_OFF_WARNING = (
     "[tls] verify = false: feed certificates are NOT checked; anyone on the path can"
     " impersonate a feed"
 )
+
+
+class _SinkTaskGone(Exception):
+    """The sink task closed its channel (the worker is exiting)."""
 
 
 @attrs.frozen
@@ -54,23 +69,6 @@ class Placeholders:
         for placeholder, value in values.items():
             template = template.replace(placeholder, value)
         return template
-
-
-@attrs.define
-class RateLimitedCount:
-    """Counts events; ``hit()`` says whether it is time to log again (once per interval)."""
-
-    interval: float
-    count: int = 0
-    _last_logged: float = float("-inf")
-
-    def hit(self) -> bool:
-        self.count += 1
-        now = time.monotonic()
-        if now - self._last_logged >= self.interval:
-            self._last_logged = now
-            return True
-        return False
 
 
 def decode_frame(message: str | bytes) -> tuple[str | None, bytes]:
@@ -125,44 +123,65 @@ class StreamReader:
         self,
         spec: StreamSpec,
         *,
-        recorder: Recorder,
+        recorder: Recorder | BatchPipeline,
         settings: WorkerSettings,
         placeholders: Placeholders,
         log: Log,
+        sender: trio.MemorySendChannel[tuple[Record, int]] | None = None,
+        max_message_size: int = MAX_MESSAGE_BYTES,
     ) -> None:
+        """``recorder``: the Recorder (jsonl: written synchronously), or the BatchPipeline, whose
+        channel ``sender`` takes the records (closed when the reader ends)."""
         self.spec = spec
         self.recorder = recorder
         self.settings = settings
         self.placeholders = placeholders
         self.log = log
+        self.sender = sender
+        self.max_message_size = max_message_size
         self.path = SequencePath.parse(spec.sequence) if spec.sequence else None
+        # A one-part path ("seq") is looked up inline; dotted ones through SequencePath.
+        self._key = (
+            self.path.parts[0] if self.path is not None and len(self.path.parts) == 1 else None
+        )
         self.tracker = SequenceTracker(last=recorder.last(spec.id))
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
         self.received = 0  # messages from the feed, whatever became of them
         self.reconnects = 0
+        self.dead_lettered = 0  # malformed or too large messages put in the dead-letter sink
         self.headers = [(name.encode(), value.encode()) for name, value in spec.headers]
         self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
         self._tls_failure: ssl.SSLError | None = None
         self._connecting: trio.CancelScope | None = None
+        self._shard = placeholders.shard
+        self._epoch = placeholders.epoch
+        self._worker = placeholders.worker
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read forever (until cancelled), reconnecting with backoff."""
         task_status.started()
         backoff = Backoff(self.settings.reconnect_initial, self.settings.reconnect_max)
-        while True:
-            delivered, problem = await self._connect_once()
-            if delivered:
-                backoff.reset()
-            delay = backoff.next_delay()
-            self.reconnects += 1
-            self._warning(f"{problem}; reconnecting in {delay:.3f}s (after={self.tracker.last})")
-            await trio.sleep(delay)
+        try:
+            while True:
+                delivered, problem = await self._connect_once()
+                if delivered:
+                    backoff.reset()
+                delay = backoff.next_delay()
+                self.reconnects += 1
+                after = self.tracker.last
+                self._warning(f"{problem}; reconnecting in {delay:.3f}s (after={after})")
+                await trio.sleep(delay)
+        except _SinkTaskGone:
+            return  # the worker is exiting: nothing more to read for
+        finally:
+            if self.sender is not None:
+                self.sender.close()
 
     async def _connect_once(self) -> tuple[bool, str]:
         """One connection, until it breaks: (did it deliver a message, what went wrong)."""
         after = self.tracker.last
         url = self.placeholders.render(self.spec.url, after)
-        delivered = False
+        received = self.received  # did this connection deliver a message: more than this
         try:
             tls = self._tls_context() if url.startswith("wss://") else None
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
@@ -174,7 +193,7 @@ class StreamReader:
                     url,
                     tls,
                     extra_headers=self.headers or None,
-                    max_message_size=MAX_MESSAGE_BYTES,
+                    max_message_size=self.max_message_size,
                     receive_buffer_size=RECEIVE_BUFFER_BYTES,
                     connect_timeout=self.settings.connect_timeout,
                     disconnect_timeout=DISCONNECT_TIMEOUT,
@@ -182,14 +201,20 @@ class StreamReader:
                     self._info(f"connected to {_redact(url)} (after={after})")
                     if self.spec.subscribe:
                         await ws.send_message(self.placeholders.render(self.spec.subscribe, after))
-                    while True:
-                        message = await ws.get_message()
-                        delivered = True
-                        self.handle(message)
+                    if self.sender is None:
+                        await self._write_loop(ws)
+                    else:
+                        await self._send_loop(ws)
         except ConnectionClosed as exc:
-            return delivered, f"disconnected: {_describe_close(exc)}"
+            if _too_large(exc):
+                # Not a healthy connection: a feed that replays the message meets a growing
+                # backoff (up to reconnect_max), not a tight reconnect loop.
+                self._too_large(exc)
+                return False, f"disconnected: {_describe_close(exc)}"
+            return self.received > received, f"disconnected: {_describe_close(exc)}"
         except HandshakeError as exc:
-            return delivered, f"cannot connect to {_redact(url)}: {_describe_handshake(exc)}"
+            problem = f"cannot connect to {_redact(url)}: {_describe_handshake(exc)}"
+            return self.received > received, problem
         finally:
             self._connecting = None
         # Only a failed TLS handshake cancels the scope (see _tls_failed).
@@ -209,40 +234,122 @@ class StreamReader:
         if self._connecting is not None:
             self._connecting.cancel()
 
-    def handle(self, message: str | bytes) -> None:
-        """Decode, dedup and write one message (synchronous: see the module docstring)."""
+    async def _write_loop(self, ws: Any) -> None:
+        """The jsonl path: each message written synchronously (Recorder). The common case of
+        a busy sequenced stream runs inline: a text frame that is one JSON object, ASCII on one
+        line, with the next sequence number at a one-part path, is written with its own text
+        as the data (no second encoding), in one call. Anything else goes through ``handle``."""
+        recorder: Recorder = self.recorder  # type: ignore[assignment]
+        stream = self.spec.id
+        write, write_json = recorder.write, recorder.writer(stream)
+        handle, key, tracker, scan = self.handle, self._key, self.tracker, _scan
+        while True:
+            message = await ws.get_message()
+            if key is not None and type(message) is str:
+                try:
+                    data, end = scan(message, 0)
+                except (StopIteration, ValueError, RecursionError):
+                    end = -1
+                if (
+                    end == len(message)
+                    and type(data) is dict
+                    and type(seq := data.get(key)) is int
+                    and seq == tracker.last + 1
+                    and message.isascii()
+                    and "\n" not in message
+                    and "\r" not in message
+                ):
+                    self.received += 1
+                    tracker.last = seq
+                    write_json(seq, message)
+                    continue
+            item = handle(message)
+            if item is not None:
+                write(stream, *item)
+
+    async def _send_loop(self, ws: Any) -> None:
+        """Hand each record to the sink task. The send is shielded: a record that was
+        received reaches the channel even when the reader is being stopped (the sink task
+        drains the channel before the final checkpoint). A full channel blocks the send, and
+        with it the reading: TCP pushes back on the feed."""
+        sender = self.sender
+        assert sender is not None
+        send, send_nowait = sender.send, sender.send_nowait
+        stream, shard, epoch, worker = self.spec.id, self._shard, self._epoch, self._worker
+        wall = time.time
+        while True:
+            message = await ws.get_message()
+            item = self.handle(message)
+            if item is not None:
+                seq, data, encoding, _ = item
+                record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding or "")
+                try:  # no schedule point while there is room (get_message() has one already)
+                    send_nowait((record, len(message)))
+                except trio.WouldBlock:
+                    try:
+                        with trio.CancelScope(shield=True):
+                            await send((record, len(message)))
+                    except trio.BrokenResourceError:
+                        raise _SinkTaskGone from None
+                except trio.BrokenResourceError:
+                    raise _SinkTaskGone from None
+
+    def handle(self, message: str | bytes) -> tuple[int | None, Any, str | None, str | None] | None:
+        """Decode and dedup one message: (seq, data, encoding, data_json) to write, or None (a
+        duplicate; or malformed, and then dead-lettered here). Synchronous: see the module
+        docstring. ``data_json`` is the message text itself when it is JSON that can stand in
+        a JSON line as is (ASCII, no line break: the same value, not encoded a second time),
+        else None."""
         self.received += 1
-        text, raw = decode_frame(message)
-        if text is None:
-            if self.path is not None:
-                self._malformed("binary frame is not UTF-8")
-                return
-            self.recorder.write(self.spec.id, None, base64.b64encode(raw).decode(), "base64")
-            return
+        if type(message) is str:
+            text: str | None = message
+        else:
+            text, raw = decode_frame(message)
+            if text is None:
+                encoded = base64.b64encode(raw).decode()
+                if self.path is not None:
+                    self._malformed("binary frame is not UTF-8", encoded, "base64")
+                    return None
+                return None, encoded, "base64", None
         try:
-            data: Any = json.loads(text)
+            try:  # the C scanner alone: json.loads adds two regex passes for the whitespace
+                data, end = _scan(text, 0)
+            except StopIteration:  # not a JSON value at 0 (perhaps leading whitespace)
+                end = -1
+            if end != len(text):  # whitespace around it, or not JSON: json.loads decides
+                data = _loads(text)
         except (ValueError, RecursionError):
             if self.path is not None:
-                self._malformed("not JSON")
-                return
-            data = text
-        if self.path is None:
-            self.recorder.write(self.spec.id, None, data)
-            return
-        try:
-            seq = self.path.extract(data)
-        except MalformedMessage as exc:
-            self._malformed(str(exc))
-            return
-        skipped = self.tracker.admit(seq)
+                self._malformed("not JSON", text)
+                return None
+            return None, text, None, None
+        as_is = text if text.isascii() and "\n" not in text and "\r" not in text else None
+        path = self.path
+        if path is None:
+            return None, data, None, as_is
+        key = self._key
+        if key is not None and type(data) is dict and type(seq := data.get(key)) is int:
+            pass  # the common case: a top-level integer sequence number
+        else:
+            try:
+                seq = path.extract(data)
+            except MalformedMessage as exc:
+                self._malformed(str(exc), data)
+                return None
+        tracker = self.tracker
+        if seq == tracker.last + 1:  # in order: no duplicate, no gap
+            tracker.last = seq
+            return seq, data, None, as_is
+        skipped = tracker.admit(seq)
         if skipped is None:
-            return
+            return None
         if skipped:
             self._warning(f"gap: {skipped} message(s) missing before seq {seq}")
-        self.recorder.write(self.spec.id, seq, data)
+        return seq, data, None, as_is
 
-    def counts(self, written: int) -> dict[str, int]:
-        """This stream's counts for the heartbeat (``written`` comes from the recorder)."""
+    def counts(self, written: int, dead_lettered: int = 0) -> dict[str, int]:
+        """This stream's counts for the heartbeat (``written``, and the records the sink gave
+        up on, ``dead_lettered``, come from the recorder or pipeline)."""
         return {
             "received": self.received,
             "written": written,
@@ -250,17 +357,51 @@ class StreamReader:
             "gaps": self.tracker.gaps,
             "malformed": self.malformed.count,
             "reconnects": self.reconnects,
+            "dead_lettered": self.dead_lettered + dead_lettered,
         }
 
-    def _malformed(self, reason: str) -> None:
+    def _malformed(self, reason: str, data: Any, encoding: str = "") -> None:
+        """Dead-letter a message that cannot be a record; counted, logged once per burst."""
+        self.recorder.dead_letter(
+            self.spec.id, None, data, reason="malformed", error=reason, encoding=encoding
+        )
+        self.dead_lettered += 1
         if self.malformed.hit():
-            self._warning(f"malformed message skipped ({self.malformed.count} so far): {reason}")
+            self._warning(
+                f"malformed message dead-lettered ({self.malformed.count} so far): {reason}"
+            )
+
+    def _too_large(self, exc: ConnectionClosed) -> None:
+        """trio-websocket closed the connection (1009) on a message over max_message_size,
+        without keeping any of it: the event goes to the dead-letter sink, without data."""
+        error = (
+            f"a message over max_message_size ({self.max_message_size} bytes) after seq"
+            f" {self.tracker.last}: connection closed (1009), reconnecting"
+            if self.path is not None
+            else f"a message over max_message_size ({self.max_message_size} bytes): connection"
+            " closed (1009), reconnecting"
+        )
+        self.recorder.dead_letter(self.spec.id, None, None, reason="message_too_large", error=error)
+        self.dead_lettered += 1
+        if self.malformed.hit():
+            self._warning(f"message too large, dead-lettered ({self.malformed.count} so far)")
 
     def _info(self, message: str) -> None:
         self.log.info(message, stream=self.spec.id)
 
     def _warning(self, message: str) -> None:
         self.log.warning(message, stream=self.spec.id)
+
+
+def _too_large(exc: ConnectionClosed) -> bool:
+    """Whether we (trio-websocket) closed the connection over a message's size; a feed that
+    closes with 1009 means one of *our* messages was too big, which is something else."""
+    reason = exc.reason
+    return (
+        reason is not None
+        and reason.code == 1009
+        and (reason.reason or "").startswith("Exceeded maximum message size")
+    )
 
 
 def _describe_close(exc: ConnectionClosed) -> str:

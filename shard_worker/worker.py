@@ -1,7 +1,9 @@
 """The shard worker's lifecycle: hello, start, read and write until stop, fence or EOF.
 
 Exit codes: 0 stopped (or the parent went away), 1 unexpected error, 2 protocol error,
-3 fence deadline passed. See docs/pipe-protocol.md.
+3 fence deadline passed, 4 the sink failed for good (``on_failure = "crash"``), 5 the sink
+cannot be opened (a handler that does not import, a bad sink setting). See
+docs/pipe-protocol.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import trio
 
 from .control import MessageChannel, PipeClosed
 from .log import Log
+from .pipeline import BatchPipeline, SinkFailed
 from .protocol import (
     PROTOCOL_VERSION,
     Checkpoint,
@@ -29,15 +32,17 @@ from .protocol import (
     Stopped,
     header_secrets,
 )
-from .recorder import FenceExpired, Recorder
+from .recorder import FenceExpired, FenceGuard, Recorder, trio_deadline
 from .sequence import SequencePath
-from .sink import open_sink
+from .sink import DeadLetterSink, open_sink
 from .stream_reader import Placeholders, StreamReader
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_PROTOCOL = 2
 EXIT_FENCE = 3
+EXIT_SINK = 4
+EXIT_SINK_SETUP = 5
 
 START_TIMEOUT = 10.0
 REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
@@ -48,6 +53,13 @@ LAST_WILL_TIMEOUT = 5.0  # the release on the way out; then the lease expires as
 
 class ControlClosed(Exception):
     """EOF on the control pipe: the parent died or wants us gone now."""
+
+
+class SinkSetupFailed(Exception):
+    """The sink of the start message cannot be opened (import, settings, credentials)."""
+
+
+Output = Recorder | BatchPipeline
 
 
 async def run_worker(channel: MessageChannel, log: Log) -> int:
@@ -73,32 +85,90 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
         log_format=settings.log_format,
         redact=(*settings.redact, *header_secrets(start.streams)),
     )
-    sink = open_sink(
-        start.sink,
-        shard=start.shard,
-        epoch=start.epoch,
-        worker=start.worker,
-        streams=[spec.id for spec in start.streams],
-    )
+    output = _open_output(start, log)
     try:
-        recorder = Recorder(sink, start.fence_deadline, _resume_checkpoint(start))
         try:
-            stop = await _run_shard(start, recorder, channel, log)
+            stop = await _run_shard(start, output, channel, log)
         except Exception as exc:
             if _find(exc, ControlClosed) is None and _find(exc, PipeClosed) is None:
+                if _find(exc, SinkFailed) is not None:
+                    await _report_delivered(channel, output, log)
                 raise
             # The supervisor is gone: nothing more is written; hand the shard on.
-            checkpoint = recorder.flush()
-            sink.close()
+            checkpoint = output.flush()
+            await output.aclose()
             log.warning(f"supervisor gone ({exc!r}); last will at checkpoint {checkpoint}")
             await _last_will(start, checkpoint, log)
             return EXIT_OK
+        checkpoint = output.flush()
     finally:
-        sink.close()
-    checkpoint, written = recorder.checkpoint(), recorder.written
+        with trio.CancelScope(shield=True):
+            await output.aclose()
+    written = output.written
     log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
     await _send_stopped(channel, stop, checkpoint, written, log)
     return EXIT_OK
+
+
+def _open_output(start: Start, log: Log) -> Output:
+    """The Recorder (jsonl) or the BatchPipeline of the start message's sink, with the
+    dead-letter sink, behind one fence guard."""
+    spec = start.sink
+    fence = FenceGuard(start.fence_deadline)
+    dead_letters = DeadLetterSink(
+        spec.dead_letter,
+        shard=start.shard,
+        epoch=start.epoch,
+        worker=start.worker,
+        fsync=spec.fsync,
+    )
+    checkpoint = _resume_checkpoint(start)
+    if spec.kind == "jsonl":
+        sink = open_sink(
+            spec,
+            shard=start.shard,
+            epoch=start.epoch,
+            worker=start.worker,
+            streams=[stream.id for stream in start.streams],
+        )
+        return Recorder(sink, fence, checkpoint, dead_letters)
+    from .sinks import open_batch_sink
+
+    pipeline: BatchPipeline | None = None
+
+    def on_retry(exc: BaseException, attempt: int, delay: float) -> None:
+        if pipeline is not None:
+            pipeline.on_retry(exc, attempt, delay)
+
+    try:
+        sink = open_batch_sink(spec, on_retry=on_retry)
+    except Exception as exc:
+        raise SinkSetupFailed(f"cannot open the {spec.kind} sink: {exc}") from exc
+    pipeline = BatchPipeline(
+        sink,
+        spec=spec,
+        fence=fence,
+        checkpoint=checkpoint,
+        dead_letters=dead_letters,
+        log=log,
+        measure_frames=spec.kind == "handler",
+    )
+    log.info(
+        f"sink {spec.kind}: batches of up to {sink.max_records} records / {sink.max_bytes}"
+        f" bytes / {spec.batch_max_wait:g}s, channel of {pipeline.capacity},"
+        f" on_failure={spec.on_failure}"
+    )
+    return pipeline
+
+
+async def _report_delivered(channel: MessageChannel, output: Output, log: Log) -> None:
+    """Before a crash exit: report what was delivered, so the restart resends the least."""
+    with trio.move_on_after(FATAL_REPORT_TIMEOUT):
+        try:
+            checkpoint = output.flush()
+            await channel.send(Checkpoint(checkpoint=checkpoint, written=output.written))
+        except (PipeClosed, OSError) as exc:
+            log.warning(f"could not report the checkpoint before exiting: {exc!r}")
 
 
 async def _last_will(start: Start, checkpoint: dict[str, int], log: Log) -> None:
@@ -187,32 +257,63 @@ def _resume_checkpoint(start: Start) -> dict[str, int]:
     return {stream: seq for stream, seq in start.checkpoint.items() if stream in sequenced}
 
 
-async def _run_shard(start: Start, recorder: Recorder, channel: MessageChannel, log: Log) -> Stop:
-    """Readers and checkpoints run until Stop; raises ControlClosed or FenceExpired otherwise."""
+async def _run_shard(start: Start, output: Output, channel: MessageChannel, log: Log) -> Stop:
+    """Readers, sink task and checkpoints run until Stop; raises ControlClosed, FenceExpired
+    or SinkFailed otherwise. On Stop the readers stop reading, the sink task delivers what
+    they had received (until the stop deadline), and only then does this return."""
+    pipeline = output if isinstance(output, BatchPipeline) else None
     async with trio.open_nursery() as nursery:
-        readers = []
-        for spec in start.streams:
-            reader = StreamReader(
+        if pipeline is not None:
+            await nursery.start(pipeline.run)
+        readers = [
+            StreamReader(
                 spec,
-                recorder=recorder,
+                recorder=output,
                 settings=start.settings,
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
+                sender=pipeline.sender() if pipeline is not None else None,
+                max_message_size=start.sink.max_message_size,
             )
-            readers.append(reader)
-            await nursery.start(reader.run)
-        nursery.start_soon(_checkpoint_loop, recorder, channel, start.settings.checkpoint_interval)
+            for spec in start.streams
+        ]
+        if pipeline is not None:
+            pipeline.seal()
+        reading = trio.CancelScope()
+        await nursery.start(_run_readers, readers, reading)
+        nursery.start_soon(_checkpoint_loop, output, channel, start.settings.checkpoint_interval)
         nursery.start_soon(
-            _heartbeat_loop, recorder, readers, channel, start.settings.heartbeat_interval
+            _heartbeat_loop, output, readers, channel, start.settings.heartbeat_interval
         )
         await _report(channel, Ready())
         log.info(f"ready: epoch={start.epoch} streams={len(start.streams)}")
-        stop = await _serve_control(channel, recorder)
+        stop = await _serve_control(channel, output)
+        reading.cancel()
+        if pipeline is not None:
+            nursery.start_soon(_serve_fences, channel, output)
+            with trio.move_on_at(_trio_deadline(stop.deadline) - 2 * STOP_MARGIN) as scope:
+                await pipeline.drained()
+            if scope.cancelled_caught:
+                log.warning("stop deadline reached before the last batch was delivered")
         nursery.cancel_scope.cancel()
     return stop
 
 
-async def _serve_control(channel: MessageChannel, recorder: Recorder) -> Stop:
+async def _run_readers(
+    readers: list[StreamReader],
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Every reader, in a scope of their own: cancelling it stops the reading only."""
+    with scope:
+        async with trio.open_nursery() as nursery:
+            for reader in readers:
+                await nursery.start(reader.run)
+            task_status.started()
+
+
+async def _serve_control(channel: MessageChannel, recorder: Output) -> Stop:
     """Apply Fence messages until a Stop arrives (returned) or the pipe closes (raised)."""
     while True:
         message = await channel.receive()
@@ -226,19 +327,30 @@ async def _serve_control(channel: MessageChannel, recorder: Recorder) -> Stop:
             raise ProtocolError(f"unexpected {message.type!r} message after start")
 
 
-async def _checkpoint_loop(recorder: Recorder, channel: MessageChannel, interval: float) -> None:
+async def _serve_fences(channel: MessageChannel, output: Output) -> None:
+    """While the last batches are delivered after Stop: keep applying Fence messages."""
+    while True:
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed while stopping")
+        if isinstance(message, Fence):
+            output.fence_deadline = message.deadline
+
+
+async def _checkpoint_loop(recorder: Output, channel: MessageChannel, interval: float) -> None:
     """Flush, then report what the flush made durable (only when it moved)."""
     reported = recorder.checkpoint()
     while True:
         await trio.sleep(interval)
-        checkpoint = recorder.flush()  # synchronous: nothing is written between the two
+        # Synchronous: nothing is written (or delivered) between the flush and the report.
+        checkpoint = recorder.flush()
         if checkpoint != reported:
             await _report(channel, Checkpoint(checkpoint=checkpoint, written=recorder.written))
             reported = checkpoint
 
 
 async def _heartbeat_loop(
-    recorder: Recorder, readers: list[StreamReader], channel: MessageChannel, interval: float
+    recorder: Output, readers: list[StreamReader], channel: MessageChannel, interval: float
 ) -> None:
     """Liveness with progress. Runs on the same event loop as the readers, so a loop blocked
     by CPU-bound code stops the heartbeats, and the supervisor replaces the child."""
@@ -256,7 +368,10 @@ async def _heartbeat_loop(
                 gaps=sum(r.tracker.gaps for r in readers),
                 malformed=sum(r.malformed.count for r in readers),
                 streams={
-                    r.spec.id: r.counts(recorder.written_by_stream.get(r.spec.id, 0))
+                    r.spec.id: r.counts(
+                        recorder.written_by_stream.get(r.spec.id, 0),
+                        recorder.dead_lettered_by_stream.get(r.spec.id, 0),
+                    )
                     for r in readers
                 },
             ),
@@ -273,8 +388,14 @@ async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:
     fence = _find(exc, FenceExpired)
     protocol = _find(exc, ProtocolError)
     closed = _find(exc, ControlClosed) or _find(exc, PipeClosed)
+    sink_failed = _find(exc, SinkFailed)
+    setup_failed = _find(exc, SinkSetupFailed)
     if fence is not None:
         code, message = EXIT_FENCE, str(fence)
+    elif sink_failed is not None:
+        code, message = EXIT_SINK, f"sink failed: {sink_failed}"
+    elif setup_failed is not None:
+        code, message = EXIT_SINK_SETUP, str(setup_failed)
     elif protocol is not None:
         code, message = EXIT_PROTOCOL, f"protocol error: {protocol}"
     elif closed is not None:
@@ -305,6 +426,4 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
     return None
 
 
-def _trio_deadline(monotonic_deadline: float) -> float:
-    """A time.monotonic() deadline on trio's clock (which has a random offset)."""
-    return trio.current_time() + (monotonic_deadline - time.monotonic())
+_trio_deadline = trio_deadline

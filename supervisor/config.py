@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from shard_worker.protocol import SinkSpec, StreamSpec, header_secrets
+from shard_worker.protocol import DEFAULT_DEAD_LETTER_PATH, SinkSpec, StreamSpec, header_secrets
 
 
 @attrs.frozen
@@ -58,6 +58,13 @@ class SupervisorConfig:
 
 
 @attrs.frozen
+class DeadLetterConfig:
+    # JSON lines of what could not be delivered (malformed or too large messages, batches a
+    # sink or handler gave up on): the record format plus "reason" and "error".
+    path: str = DEFAULT_DEAD_LETTER_PATH
+
+
+@attrs.frozen
 class LogConfig:
     level: str = "info"  # debug | info | warning | error
     format: str = "json"  # json: one object per line (log search) | text: for terminals
@@ -88,7 +95,10 @@ class Config:
     dynamodb: DynamoConfig = attrs.field(factory=DynamoConfig)
     lease: LeaseConfig = attrs.field(factory=LeaseConfig)
     supervisor: SupervisorConfig = attrs.field(factory=SupervisorConfig)
+    # [sink]; its ``dead_letter`` field is unused here: [dead_letter] is ``dead_letter`` below,
+    # joined into the spec each child gets (supervisor/shard_runner.py, ``_start_message``).
     sink: SinkSpec = attrs.field(factory=SinkSpec)
+    dead_letter: DeadLetterConfig = attrs.field(factory=DeadLetterConfig)
     log: LogConfig = attrs.field(factory=LogConfig)
     http: HttpConfig = attrs.field(factory=HttpConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)

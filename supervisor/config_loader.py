@@ -27,6 +27,7 @@ import attrs
 from shard_worker.protocol import SinkSpec, StreamSpec
 from supervisor.config import (
     Config,
+    DeadLetterConfig,
     DynamoConfig,
     HttpConfig,
     LeaseConfig,
@@ -39,9 +40,40 @@ from supervisor.config import (
 from supervisor.durations import format_duration, parse_duration
 from supervisor.logs import Redactor
 
-_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log", "http", "tls", "shards")
+_SECTIONS = (
+    "worker",
+    "dynamodb",
+    "lease",
+    "supervisor",
+    "sink",
+    "dead_letter",
+    "log",
+    "http",
+    "tls",
+    "shards",
+)
 _LOG_LEVELS = ("debug", "info", "warning", "error")
-_SINK_KINDS = ("jsonl",)
+_SINK_KINDS = ("jsonl", "stdout", "kinesis", "sqs", "handler")
+_BATCH_KINDS = ("stdout", "kinesis", "sqs", "handler")
+# The [sink] keys that mean something only for some kinds (the others apply to every kind).
+_SINK_KEY_KINDS = {
+    "path": ("jsonl",),
+    "rotate_bytes": ("jsonl",),
+    "stream": ("kinesis",),
+    "partition_key": ("kinesis",),
+    "queue_url": ("sqs",),
+    "region": ("kinesis", "sqs"),
+    "endpoint_url": ("kinesis", "sqs"),
+    "handler": ("handler",),
+    "batch_max_records": _BATCH_KINDS,
+    "batch_max_bytes": _BATCH_KINDS,
+    "batch_max_wait": _BATCH_KINDS,
+    "max_attempts": _BATCH_KINDS,
+    "on_failure": _BATCH_KINDS,
+}
+# What one request of each destination takes (0 = that much).
+_BATCH_LIMITS = {"kinesis": (500, 5 * 1024 * 1024), "sqs": (10, 1024 * 1024)}
+MIN_ROTATE_BYTES = 64 * 1024  # one write of the jsonl sink
 _SINK_PLACEHOLDERS = ("shard", "stream", "epoch", "worker")
 _URL_PLACEHOLDERS = ("after", "shard", "stream", "epoch", "worker")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -230,18 +262,76 @@ def _ca_bundle(value: object) -> str:
 
 
 def _sink_path(value: object) -> str:
+    return _path_template(
+        value,
+        ("{stream}", "{epoch}"),
+        "each stream of each lease epoch needs its own file, so a shard's new owner never"
+        " appends to a file that its previous owner may still be writing",
+    )
+
+
+def _rotate_bytes(value: object) -> int:
+    size = _integer(0, 1 << 50)(value)
+    if 0 < size < MIN_ROTATE_BYTES:
+        raise _Invalid(f"must be 0 (never rotate) or at least {MIN_ROTATE_BYTES} (got {size})")
+    return size
+
+
+def _partition_key(value: object) -> str:
+    text = _string(value)
+    if not text:
+        raise _Invalid('must not be empty (the default is "{shard}:{stream}")')
+    _check_placeholders(text, _SINK_PLACEHOLDERS)
+    return text
+
+
+_HANDLER_REFERENCE = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+)
+
+
+def _handler_reference(value: object) -> str:
+    """Only the form here; whether it imports is checked with the kind (see _sink)."""
+    text = _string(value)
+    if text and not _HANDLER_REFERENCE.fullmatch(text):
+        raise _Invalid(
+            f'must be "package.module:callable", like "my_handlers:handle" (got {text!r})'
+        )
+    return text
+
+
+def _dead_letter_path(value: object) -> str:
+    return _path_template(
+        value,
+        ("{shard}", "{epoch}"),
+        "each shard's lease epoch needs its own file, so two writers never share one",
+    )
+
+
+def _path_template(value: object, required: tuple[str, ...], why: str) -> str:
     text = _string(value)
     if not text:
         raise _Invalid("must not be empty")
     _check_placeholders(text, _SINK_PLACEHOLDERS)
-    missing = [p for p in ("{stream}", "{epoch}") if p not in text]
+    missing = [p for p in required if p not in text]
     if missing:
         raise _Invalid(
-            f"must contain {{stream}} and {{epoch}} (missing {' and '.join(missing)}): each"
-            " stream of each lease epoch needs its own file, so a shard's new owner never"
-            " appends to a file that its previous owner may still be writing"
+            f"must contain {' and '.join(required)} (missing {' and '.join(missing)}): {why}"
         )
     return text
+
+
+def _import_handler(reference: str) -> str | None:
+    """Why ``reference`` cannot be loaded in this interpreter (None: it can). The children
+    import it the same way, so a typo is a config error at start, not a crash loop."""
+    from shard_worker.sinks.handler import load_handler
+
+    try:
+        load_handler(reference)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 _ID = _matching(r"[A-Za-z0-9_.:-]+", "be non-empty and use only A-Z a-z 0-9 _ . : -")
@@ -280,7 +370,28 @@ _CHECKS: dict[str, dict[str, Check]] = {
         "spawn": _one_of(("zygote", "fresh")),
         "worker_command": _command,
     },
-    "sink": {"kind": _one_of(_SINK_KINDS), "path": _sink_path, "fsync": _boolean},
+    "sink": {
+        "kind": _one_of(_SINK_KINDS),
+        "path": _sink_path,
+        "fsync": _boolean,
+        "rotate_bytes": _rotate_bytes,
+        "stream": _matching(
+            r"(?:[A-Za-z0-9_.-]{1,128}|arn:.+)?",
+            "be a Kinesis stream name (1-128 characters of A-Z a-z 0-9 _ . -) or an ARN",
+        ),
+        "partition_key": _partition_key,
+        "queue_url": _matching(r"(?:https?://.+)?", 'be "" or an SQS queue URL (https://...)'),
+        "region": _string,
+        "endpoint_url": _matching(r"(?:https?://.+)?", 'be "" or start with http:// or https://'),
+        "handler": _handler_reference,
+        "batch_max_records": _integer(0, 100_000),
+        "batch_max_bytes": _integer(0, 1 << 30),
+        "batch_max_wait": _duration(allow_zero=True),
+        "max_attempts": _integer(1, 1000),
+        "on_failure": _one_of(("dead_letter", "crash")),
+        "max_message_size": _integer(1024, 1 << 30),
+    },
+    "dead_letter": {"path": _dead_letter_path},
     "log": {"level": _one_of(_LOG_LEVELS), "format": _one_of(("json", "text"))},
     "http": {
         "listen": _matching(
@@ -475,6 +586,60 @@ def _supervisor(reader: _Reader, data: Mapping[str, Any]) -> SupervisorConfig:
     return sup
 
 
+def _sink(reader: _Reader, data: Mapping[str, Any]) -> SinkSpec:
+    """[sink]: the kind's own keys must be there, the other kinds' keys must not be set."""
+    values, bad = reader.section(data, "sink")
+    spec = SinkSpec(**values)
+    if "kind" in bad:
+        return spec
+    kind = spec.kind
+    default = SinkSpec()
+    for key, kinds in _SINK_KEY_KINDS.items():
+        if (
+            key in values
+            and key not in bad
+            and kind not in kinds
+            and values[key] != getattr(default, key)
+        ):
+            reader.report(
+                f"sink.{key}",
+                f"applies only to kind = {' or '.join(kinds)} (this sink is {kind!r});"
+                " remove it or change sink.kind",
+            )
+    if kind == "kinesis" and not spec.stream and "stream" not in bad:
+        reader.report("sink.stream", 'missing: kind = "kinesis" needs the stream name or ARN')
+    if kind == "sqs" and not spec.queue_url and "queue_url" not in bad:
+        reader.report("sink.queue_url", 'missing: kind = "sqs" needs the queue URL')
+    if kind == "handler" and "handler" not in bad:
+        if not spec.handler:
+            reader.report(
+                "sink.handler", 'missing: kind = "handler" needs "package.module:callable"'
+            )
+        elif (problem := _import_handler(spec.handler)) is not None:
+            reader.report("sink.handler", problem)
+    if kind in _BATCH_LIMITS:
+        max_records, max_bytes = _BATCH_LIMITS[kind]
+        if spec.batch_max_records > max_records and "batch_max_records" not in bad:
+            reader.report(
+                "sink.batch_max_records",
+                f"must be at most {max_records} for {kind} (got {spec.batch_max_records})",
+            )
+        if spec.batch_max_bytes > max_bytes and "batch_max_bytes" not in bad:
+            reader.report(
+                "sink.batch_max_bytes",
+                f"must be at most {max_bytes} for {kind} (got {spec.batch_max_bytes})",
+            )
+    return spec
+
+
+def _dead_letter(reader: _Reader, data: Mapping[str, Any], sink: SinkSpec) -> DeadLetterConfig:
+    values, bad = reader.section(data, "dead_letter")
+    config = DeadLetterConfig(**values)
+    if "path" not in bad and config.path == sink.path:
+        reader.report("dead_letter.path", "must differ from sink.path")
+    return config
+
+
 def _unique_id(
     reader: _Reader, table: Mapping[str, Any], path: str, seen: dict[str, str], what: str
 ) -> str | None:
@@ -572,7 +737,8 @@ def parse_config(
     dynamodb, _ = reader.section(data, "dynamodb")
     lease = _lease(reader, data)
     supervisor = _supervisor(reader, data)
-    sink, _ = reader.section(data, "sink")
+    sink = _sink(reader, data)
+    dead_letter = _dead_letter(reader, data, sink)
     log, _ = reader.section(data, "log")
     http, _ = reader.section(data, "http")
     tls, _ = reader.section(data, "tls")
@@ -581,7 +747,8 @@ def parse_config(
         dynamodb=DynamoConfig(**dynamodb),
         lease=lease,
         supervisor=supervisor,
-        sink=SinkSpec(**sink),
+        sink=sink,
+        dead_letter=dead_letter,
         log=LogConfig(**log),
         http=HttpConfig(**http),
         tls=TlsConfig(**tls),
@@ -665,7 +832,9 @@ def render_config(config: Config) -> str:
     render = _Renderer(dict(config.templates))
     lines = ["# Effective shardvisor configuration (every key, defaults filled in).", ""]
     for name in _SECTIONS[:-1]:
-        lines += render.table(f"[{name}]", getattr(config, name), name)
+        # [sink]'s spec also carries the dead-letter path for the children: [dead_letter] says it.
+        skip = ("dead_letter",) if name == "sink" else ()
+        lines += render.table(f"[{name}]", getattr(config, name), name, skip=skip)
     if not config.shards:
         lines.append("# No [[shards]]: shards may be registered later.")
     for i, shard in enumerate(config.shards):

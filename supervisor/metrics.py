@@ -18,7 +18,15 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _HANDOFF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Message outcomes reported by the children, per stream (see Heartbeat.streams).
-STREAM_OUTCOMES = ("received", "written", "duplicates", "gaps", "malformed", "reconnects")
+STREAM_OUTCOMES = (
+    "received",
+    "written",
+    "duplicates",
+    "gaps",
+    "malformed",
+    "reconnects",
+    "dead_lettered",
+)
 
 
 class Metrics:
@@ -85,8 +93,10 @@ class Metrics:
         )
         self.messages = Counter(
             "shardvisor_stream_messages",
-            "Messages per stream, by outcome: received from the feed, written to the sink,"
-            " duplicates dropped, gaps (sequence numbers the feed skipped), malformed, reconnects",
+            "Messages per stream, by outcome: received from the feed, written to the sink"
+            " (delivered, for batch sinks), duplicates dropped, gaps (sequence numbers the feed"
+            " skipped), malformed (including too large), reconnects, dead_lettered (malformed,"
+            " too large, or given up on by the sink)",
             ["shard", "stream", "outcome"],
             registry=r,
         )

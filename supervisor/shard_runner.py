@@ -201,7 +201,7 @@ class ShardRunner:
             "quarantined" if self.crash_looped else "released",
             handover,
             now - self.taken_at,
-            self._stop_reason or "crash loop",
+            reason,
             self.successor or "any",
             extra=self._extra(checkpoint=self.checkpoint),
         )
@@ -238,7 +238,12 @@ class ShardRunner:
                 nursery.start_soon(self._hang_watcher, child)
                 try:
                     await self._converse(child)
-                except (ChildGone, p.ProtocolError, trio.BrokenResourceError) as exc:
+                except (
+                    ChildGone,
+                    p.ProtocolError,
+                    trio.BrokenResourceError,
+                    trio.TooSlowError,  # no hello in time: a crash, not the supervisor's end
+                ) as exc:
                     log.error("child protocol failure: %r", exc, extra=self._extra(pid=child.pid))
                     child.signal(signal.SIGKILL)
                 code = await child.wait()
@@ -263,20 +268,31 @@ class ShardRunner:
     def _start_message(self) -> p.Start:
         from pathlib import Path
 
+        import attrs
+
         from supervisor import logs
+        from supervisor.child_process import relay_stdout
 
         cfg = self.ctx.config
         # What the child must never log: every secret of this process (a reloaded file's too,
         # registered by the CLI) and this shard's header values (registered shards' included).
         headers = p.header_secrets(self.shard.streams)
         redact = sorted({*logs.secrets(), *cfg.redacted, *headers} - {""})
+        # A stdout sink's records reach our stdout verbatim (set before the child can write).
+        relay_stdout(cfg.sink.kind == "stdout")
+        sink = attrs.evolve(
+            cfg.sink,
+            dead_letter=cfg.dead_letter.path,
+            # Kinesis and SQS clients need a region; "" = the table's.
+            region=cfg.sink.region or cfg.dynamodb.region,
+        )
         return p.Start(
             shard=self.shard_id,
             epoch=self.epoch,
             worker=self.ctx.worker_id,
             streams=self.shard.streams,
             checkpoint=dict(self.checkpoint),
-            sink=cfg.sink,
+            sink=sink,
             settings=p.WorkerSettings(
                 checkpoint_interval=cfg.supervisor.checkpoint_interval,
                 log_format=cfg.log.format,
@@ -388,17 +404,22 @@ def _describe_exit(code: int | None) -> str:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
-    return {1: "error", 2: "protocol error", 3: "fence deadline passed"}.get(code, "crash")
+    return {
+        1: "error",
+        2: "protocol error",
+        3: "fence deadline passed",
+        4: "sink failed (handler crash or delivery given up)",
+        5: "sink could not be set up",
+    }.get(code, "crash")
 
 
 def _restart_reason(code: int | None, known: str) -> str:
-    """A small fixed set of labels: hang, fence, protocol, signal, error."""
+    """A small fixed set of labels: hang, fence, protocol, sink, sink_setup, signal, error."""
     if known:
         return known
-    if code == 3:
-        return "fence"
-    if code == 2:
-        return "protocol"
+    labels = {2: "protocol", 3: "fence", 4: "sink", 5: "sink_setup"}
+    if code in labels:
+        return labels[code]
     if code is not None and code < 0:
         return "signal"
     return "error"

@@ -2,6 +2,10 @@
 
 Used by the demo's summary, the end-to-end tests and the benchmarks, so all three judge the same
 way. Works on the public record format ``{"shard","stream","seq","epoch","worker","ts","data"}``.
+
+Every ``*.jsonl`` file under the root is read, rotated parts (``name+1.jsonl``...) included.
+Dead letters (records with a ``reason``, in the dead-letter files) are not deliveries: they are
+counted in ``dead_letters`` per stream, not in the records.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Written:
 class StreamAudit:
     stream: str
     records: list[Written] = attrs.field(factory=list)
+    dead_letters: int = 0  # lines of this stream in dead-letter files (not in ``records``)
 
     @property
     def seqs(self) -> set[int]:
@@ -95,6 +100,10 @@ def read_records(paths: Iterable[Path]) -> dict[str, StreamAudit]:
                 if not line.strip():
                     continue
                 rec = json.loads(line)
+                if "reason" in rec:  # a dead letter: not delivered
+                    audit = audits.setdefault(rec["stream"], StreamAudit(rec["stream"]))
+                    audit.dead_letters += 1
+                    continue
                 if rec.get("seq") is None:
                     continue
                 audit = audits.setdefault(rec["stream"], StreamAudit(rec["stream"]))

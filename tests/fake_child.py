@@ -31,6 +31,7 @@ class FakeChild:
     shard: str
     writes: list[Write]  # shared by every fake child of a test: the "sink"
     crash_after_ready: bool = False
+    silent: bool = False  # never says hello (a child stuck in its imports)
     pid: int = attrs.field(factory=lambda: next(_pids))
     returncode: int | None = None
     _start: p.Start | None = None
@@ -57,6 +58,10 @@ class FakeChild:
         self._poke()
 
     async def receive(self) -> p.Message | None:
+        if self.returncode is not None:
+            return None
+        while self.silent and self.returncode is None:
+            await self._sleep(1.0)
         if self.returncode is not None:
             return None
         if not self._hello_sent:

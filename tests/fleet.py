@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,15 +77,22 @@ class Fleet:
                 lines.append('sequence = "seq"')
         return "\n".join(lines) + "\n"
 
-    async def start(self, worker: str, env: dict[str, str] | None = None) -> trio.Process:
+    async def start(
+        self, worker: str, env: dict[str, str] | None = None, stdout: Path | None = None
+    ) -> trio.Process:
+        """Start a supervisor; its stdout and stderr go to ``<worker>.log``, or its stdout to
+        ``stdout`` when given (a stdout sink's records)."""
         config = self.workdir / f"{worker}.toml"
         config.write_text(self.config_text(worker))
-        with (self.workdir / f"{worker}.log").open("ab") as log:
+        with (
+            (self.workdir / f"{worker}.log").open("ab") as log,
+            stdout.open("ab") if stdout is not None else contextlib.nullcontext(log) as out,
+        ):
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=out,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                 start_new_session=True,  # its own process group, for group-wide signals

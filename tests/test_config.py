@@ -221,7 +221,7 @@ def test_edge_values_are_accepted() -> None:
         ),
         (
             '[sink]\nkind = "parquet"',
-            "sink.kind: must be one of jsonl (got 'parquet')",
+            "sink.kind: must be one of jsonl, stdout, kinesis, sqs, handler (got 'parquet')",
         ),
         ('[sink]\npath = ""', "sink.path: must not be empty"),
         (
@@ -534,9 +534,11 @@ def test_render_defaults_round_trip_and_show_every_key() -> None:
     text = render_config(Config())
     assert round_trip(Config()) == Config()
     document = tomllib.loads(text)
-    for section in ("worker", "dynamodb", "lease", "supervisor", "sink", "log"):
+    for section in ("worker", "dynamodb", "lease", "supervisor", "sink", "dead_letter", "log"):
         model = getattr(Config(), section)
-        assert set(document[section]) == {f.name for f in attrs.fields(type(model))}
+        # [sink] is the children's spec but for the dead-letter path, which is [dead_letter]'s.
+        fields = {f.name for f in attrs.fields(type(model))} - {"dead_letter"}
+        assert set(document[section]) == fields
     assert document["lease"]["duration"] == "10s"
     assert document["supervisor"]["restart_backoff_initial"] == "100ms"
 
@@ -599,4 +601,155 @@ def configs(draw: st.DrawFn) -> Config:
 
 @given(configs())
 def test_render_round_trip_property(config: Config) -> None:
+    assert round_trip(config) == config
+
+
+# --- [sink] kinds and [dead_letter] ---------------------------------------------------------------
+
+HANDLER_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@pytest.fixture
+def handler_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """conf/ on sys.path, as PYTHONPATH puts it there for a deployed supervisor."""
+    monkeypatch.syspath_prepend(str(HANDLER_DIR))
+
+
+def test_every_sink_kind_with_its_keys(handler_on_path: None) -> None:
+    kinesis = parse(
+        '[sink]\nkind = "kinesis"\nstream = "records"\npartition_key = "{stream}"\n'
+        'region = "eu-west-1"\nendpoint_url = "http://127.0.0.1:5000"\nbatch_max_records = 100\n'
+        'batch_max_wait = "50ms"\nmax_attempts = 3\non_failure = "crash"\n'
+    ).sink
+    assert kinesis == SinkSpec(
+        kind="kinesis",
+        stream="records",
+        partition_key="{stream}",
+        region="eu-west-1",
+        endpoint_url="http://127.0.0.1:5000",
+        batch_max_records=100,
+        batch_max_wait=0.05,
+        max_attempts=3,
+        on_failure="crash",
+    )
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/q.fifo"
+    assert parse(f'[sink]\nkind = "sqs"\nqueue_url = "{url}"').sink.queue_url == url
+    handler = parse('[sink]\nkind = "handler"\nhandler = "example_handler:handle"').sink
+    assert handler.handler == "example_handler:handle"
+    assert parse('[sink]\nkind = "stdout"\nbatch_max_bytes = 4096').sink.batch_max_bytes == 4096
+    rotated = parse("[sink]\nrotate_bytes = 1048576\nmax_message_size = 65536").sink
+    assert (rotated.rotate_bytes, rotated.max_message_size) == (1048576, 65536)
+    config = parse('[dead_letter]\npath = "dl/{shard}/{stream}-{epoch}.jsonl"')
+    assert config.dead_letter.path == "dl/{shard}/{stream}-{epoch}.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('kind = "kinesis"', 'sink.stream: missing: kind = "kinesis" needs the stream name or ARN'),
+        ('kind = "sqs"', 'sink.queue_url: missing: kind = "sqs" needs the queue URL'),
+        (
+            'kind = "handler"',
+            'sink.handler: missing: kind = "handler" needs "package.module:callable"',
+        ),
+        (
+            'kind = "handler"\nhandler = "no_such_module_xyz:handle"',
+            "sink.handler: cannot import module 'no_such_module_xyz': No module named"
+            " 'no_such_module_xyz' (is its directory on PYTHONPATH?)",
+        ),
+        (
+            'kind = "handler"\nhandler = "json:no_such_function"',
+            "sink.handler: module 'json' has no attribute 'no_such_function'",
+        ),
+        (
+            'kind = "handler"\nhandler = "json:__doc__"',
+            "sink.handler: 'json:__doc__' is not callable (it is a str)",
+        ),
+        (
+            'kind = "handler"\nhandler = "my handlers.py"',
+            'sink.handler: must be "package.module:callable", like "my_handlers:handle"'
+            " (got 'my handlers.py')",
+        ),
+        (
+            'stream = "records"',
+            "sink.stream: applies only to kind = kinesis (this sink is 'jsonl'); remove it or"
+            " change sink.kind",
+        ),
+        (
+            'kind = "kinesis"\nstream = "s"\nrotate_bytes = 1048576',
+            "sink.rotate_bytes: applies only to kind = jsonl (this sink is 'kinesis'); remove it"
+            " or change sink.kind",
+        ),
+        (
+            "batch_max_records = 5",
+            "sink.batch_max_records: applies only to kind = stdout or kinesis or sqs or handler"
+            " (this sink is 'jsonl'); remove it or change sink.kind",
+        ),
+        (
+            'kind = "sqs"\nqueue_url = "https://q"\nbatch_max_records = 11',
+            "sink.batch_max_records: must be at most 10 for sqs (got 11)",
+        ),
+        (
+            'kind = "kinesis"\nstream = "s"\nbatch_max_bytes = 6000000',
+            "sink.batch_max_bytes: must be at most 5242880 for kinesis (got 6000000)",
+        ),
+        (
+            'kind = "kinesis"\nstream = "s"\npartition_key = "{date}"',
+            "sink.partition_key: unknown placeholder {date} (allowed: {shard} {stream} {epoch}"
+            " {worker})",
+        ),
+        (
+            'kind = "stdout"\non_failure = "ignore"',
+            "sink.on_failure: must be one of dead_letter, crash (got 'ignore')",
+        ),
+        (
+            "rotate_bytes = 1000",
+            "sink.rotate_bytes: must be 0 (never rotate) or at least 65536 (got 1000)",
+        ),
+        (
+            "max_message_size = 10",
+            "sink.max_message_size: must be from 1024 to 1073741824 (got 10)",
+        ),
+        (
+            'kind = "stdout"\nmax_attempts = 0',
+            "sink.max_attempts: must be from 1 to 1000 (got 0)",
+        ),
+    ],
+)
+def test_sink_rules(text: str, problem: str) -> None:
+    assert only_problem(f"[sink]\n{text}") == problem
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            'path = "out/dead-letter.{epoch}.jsonl"',
+            "dead_letter.path: must contain {shard} and {epoch} (missing {shard}): each shard's"
+            " lease epoch needs its own file, so two writers never share one",
+        ),
+        (
+            'path = "out/{shard}/{stream}.{epoch}.jsonl"',
+            "dead_letter.path: must differ from sink.path",
+        ),
+        ('path = ""', "dead_letter.path: must not be empty"),
+    ],
+)
+def test_dead_letter_rules(text: str, problem: str) -> None:
+    assert only_problem(f"[dead_letter]\n{text}") == problem
+
+
+def test_a_handler_that_fails_to_import_is_a_config_error(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "broken_handler_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert only_problem('[sink]\nkind = "handler"\nhandler = "broken_handler_mod:handle"') == (
+        "sink.handler: importing module 'broken_handler_mod' failed: RuntimeError('boom at import')"
+    )
+
+
+def test_sink_render_round_trip(handler_on_path: None) -> None:
+    config = parse(
+        '[sink]\nkind = "handler"\nhandler = "example_handler:handle"\nbatch_max_wait = "2s"\n'
+        'on_failure = "crash"\n[dead_letter]\npath = "x/{shard}.{epoch}.dl.jsonl"'
+    )
     assert round_trip(config) == config

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 
+import attrs
 import pytest
 import trio
 from hypothesis import given
@@ -155,3 +157,26 @@ def test_any_split_decodes_the_same(messages: list[Message], data: st.DataObject
     bounds = [0, *cuts, len(stream)]
     chunks = [stream[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     assert decode_all(*chunks, b"") == messages
+
+
+def test_every_sink_field_round_trips_and_an_older_start_still_decodes() -> None:
+    sink = SinkSpec(
+        kind="handler",
+        handler="pkg.mod:handle",
+        batch_max_records=10,
+        batch_max_bytes=4096,
+        batch_max_wait=0.25,
+        max_attempts=3,
+        on_failure="crash",
+        max_message_size=65536,
+        dead_letter="dl/{shard}.{epoch}.jsonl",
+    )
+    start = attrs.evolve(START, sink=sink)
+    assert decode_all(encode(start)) == [start]
+    # A start of a supervisor from before the sink kinds: only kind, path, fsync.
+    old = json.loads(encode(START))
+    old["sink"] = {"kind": "jsonl", "path": "out/{stream}.{epoch}.jsonl", "fsync": False}
+    [decoded] = decode_all(json.dumps(old).encode() + b"\n")
+    assert isinstance(decoded, Start)
+    assert decoded.sink == SinkSpec(path="out/{stream}.{epoch}.jsonl")
+    assert decoded.sink.on_failure == "dead_letter" and decoded.sink.rotate_bytes == 0

@@ -216,7 +216,7 @@ async def serve_script(
         task_status.started(server.port)
 
 
-async def test_malformed_messages_are_skipped_and_frames_are_decoded(
+async def test_malformed_messages_are_dead_lettered_and_frames_are_decoded(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     scripts: dict[str, list[str | bytes]] = {
@@ -273,7 +273,17 @@ async def test_malformed_messages_are_skipped_and_frames_are_decoded(
     ]
     assert stopped.checkpoint == {"seq": 5}
     assert stopped.written == 7
-    assert "malformed message skipped (1 so far)" in worker.log  # then rate-limited
+    assert "malformed message dead-lettered (1 so far)" in worker.log  # then rate-limited
+    reasons = [d["error"] for d in read_records(tmp_path / "shard-1" / "dead-letter.1.jsonl")]
+    assert reasons == [
+        "not JSON",
+        "sequence '2' is not an integer",
+        "no 'seq' in the message",
+        "sequence True is not an integer",
+        "sequence 2.0 is not an integer",
+        "binary frame is not UTF-8",
+        "not JSON",
+    ]
     assert "gap: 2 message(s) missing before seq 5" in worker.log
 
 

@@ -16,6 +16,7 @@ from shard_worker.protocol import StreamSpec
 from supervisor.config import Config, LeaseConfig, ShardConfig, SupervisorConfig, WorkerConfig
 from supervisor.daemon import Supervisor
 from supervisor.memory_store import MemoryLeaseStore
+from supervisor.shard_runner import HELLO_TIMEOUT
 
 DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
 MARGIN = DURATION / 5
@@ -43,13 +44,19 @@ class Harness:
         self.writes: list[Write] = []
         self.children: list[FakeChild] = []
         self.crashing: set[str] = set()
+        self.silent: set[str] = set()
         self.config = config(shards)
 
     def supervisor(
         self, worker: str, store: MemoryLeaseStore | None = None, config: Config | None = None
     ) -> Supervisor:
         async def spawn(shard_id: str):
-            child = FakeChild(shard_id, self.writes, crash_after_ready=shard_id in self.crashing)
+            child = FakeChild(
+                shard_id,
+                self.writes,
+                crash_after_ready=shard_id in self.crashing,
+                silent=shard_id in self.silent,
+            )
             self.children.append(child)
             return child, []
 
@@ -164,6 +171,22 @@ async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock):
                 await trio.sleep(0.01)
         # Nobody else did: after the cool-down we try again, at a fresh epoch.
         assert trio.current_time() - released <= DURATION + RECONCILE + 0.1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_child_that_never_says_hello_is_restarted_not_fatal(autojump_clock):
+    h = Harness(shards=2)
+    h.silent.add("s0")
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(3 * HELLO_TIMEOUT)
+        silent = [c for c in h.children if c.shard == "s0"]
+        assert len(silent) >= 2, "the silent child was killed and started again"
+        assert all(c.returncode is not None for c in silent[:-1])
+        # The other shard kept writing all along: one slow child does not take the host down.
+        assert max(w.at for w in h.writes if w.shard == "s1") >= 3 * HELLO_TIMEOUT - 2
+        assert (await h.owners())["s1"][0] == "w1"
         nursery.cancel_scope.cancel()
 
 

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from shard_worker.control import MessageChannel
@@ -106,14 +107,16 @@ class WorkerProcess:
 
 
 def _pythonpath() -> str:
-    """The repository first, so the child imports this checkout even when not installed."""
-    repo = str(Path(__file__).resolve().parents[1])
-    return os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
+    """The repository first, so the child imports this checkout even when not installed; then
+    tests/, so that a handler sink can name the test handlers (tests/sink_handlers.py)."""
+    here = Path(__file__).resolve().parent
+    repo = str(here.parent)
+    return os.pathsep.join(p for p in (repo, str(here), os.environ.get("PYTHONPATH", "")) if p)
 
 
 @asynccontextmanager
 async def spawn_worker(
-    *, cwd: Path | None = None, handshake: bool = True
+    *, cwd: Path | None = None, handshake: bool = True, env: dict[str, str] | None = None
 ) -> AsyncIterator[WorkerProcess]:
     """Start ``python -m shard_worker`` with its two pipes; kill it on exit if still running.
 
@@ -137,7 +140,7 @@ async def spawn_worker(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
-            env={**os.environ, "PYTHONPATH": _pythonpath()},
+            env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
         )
     finally:
         os.close(control_read)
@@ -174,15 +177,19 @@ def make_start(
     checkpoint: dict[str, int] | None = None,
     fence_in: float = 60.0,
     settings: WorkerSettings = FAST_SETTINGS,
+    sink: SinkSpec | None = None,
 ) -> Start:
-    """A Start with test-friendly timings; the sink writes under ``out_dir``."""
+    """A Start with test-friendly timings; the sink (default jsonl) and the dead letters write
+    under ``out_dir``."""
+    if sink is None:
+        sink = SinkSpec(path=str(out_dir / "{shard}" / "{stream}.{epoch}.jsonl"))
     return Start(
         shard=shard,
         epoch=epoch,
         worker=worker,
         streams=tuple(streams),
         checkpoint=checkpoint or {},
-        sink=SinkSpec(path=str(out_dir / "{shard}" / "{stream}.{epoch}.jsonl")),
+        sink=attrs.evolve(sink, dead_letter=str(out_dir / "{shard}" / "dead-letter.{epoch}.jsonl")),
         settings=settings,
         fence_deadline=time.monotonic() + fence_in,
     )

@@ -22,6 +22,8 @@ from ..records import Record
 if TYPE_CHECKING:
     import botocore.loaders
 
+    from ..protocol import SinkSpec
+
 E = TypeVar("E")  # one entry of a request, as the destination's API spells it
 
 
@@ -132,7 +134,9 @@ async def send_with_retries(
         attempt += 1
         entries = [entry for _, _, entry in todo]
         try:
-            failures = await trio.to_thread.run_sync(send, entries)
+            # abandon_on_cancel: the fence deadline cancels a delivery at once; the request
+            # in flight may still land (the epoch in every record is for that).
+            failures = await trio.to_thread.run_sync(send, entries, abandon_on_cancel=True)
         except (ClientError, BotoCoreError) as exc:
             reason = error_text(exc)
             if not is_retryable(exc):
@@ -238,3 +242,65 @@ def make_client(service: str, region: str, endpoint_url: str = "") -> Any:
         max_pool_connections=2,
     )
     return session.client(service, config=config, **kwargs)
+
+
+def open_batch_sink(spec: SinkSpec, *, on_retry: Callable[..., None] | None = None) -> Sink:
+    """The batch sink of ``spec.kind`` (stdout, kinesis, sqs, handler), with the batch limits
+    of the spec (0 = the sink's own). Raises ValueError for what the spec cannot make."""
+    kind = spec.kind
+    if kind == "stdout":
+        from . import stdout
+
+        return stdout.StdoutSink(
+            records_stdout(),
+            max_records=spec.batch_max_records or stdout.MAX_RECORDS,
+            max_bytes=spec.batch_max_bytes or stdout.MAX_BYTES,
+        )
+    if kind == "kinesis":
+        from . import kinesis
+
+        return kinesis.KinesisSink(
+            spec.stream,
+            region=spec.region,
+            endpoint_url=spec.endpoint_url,
+            partition_key=spec.partition_key or kinesis.DEFAULT_PARTITION_KEY,
+            max_records=spec.batch_max_records or kinesis.MAX_RECORDS,
+            max_bytes=spec.batch_max_bytes or kinesis.MAX_BYTES,
+            max_attempts=spec.max_attempts,
+        )
+    if kind == "sqs":
+        from . import sqs
+
+        return sqs.SqsSink(
+            spec.queue_url,
+            region=spec.region,
+            endpoint_url=spec.endpoint_url,
+            max_records=spec.batch_max_records or sqs.MAX_RECORDS,
+            max_bytes=spec.batch_max_bytes or sqs.MAX_BYTES,
+            max_attempts=spec.max_attempts,
+        )
+    if kind == "handler":
+        from . import handler
+
+        return handler.HandlerSink(
+            handler.load_handler(spec.handler),
+            max_records=spec.batch_max_records or handler.MAX_RECORDS,
+            # By default no single message is too large for a handler.
+            max_bytes=spec.batch_max_bytes or max(handler.MAX_BYTES, spec.max_message_size),
+            max_attempts=spec.max_attempts,
+            on_retry=on_retry,
+        )
+    raise ValueError(f"unknown sink kind {kind!r}")
+
+
+def records_stdout() -> Any:
+    """A binary stream on the process's original standard output, for the records alone: fd 1
+    is then pointed at stderr, so a stray print (ours, a library's) can never get between two
+    records; it lands in the log instead."""
+    import os
+    import sys
+
+    out = os.fdopen(os.dup(1), "wb")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return out

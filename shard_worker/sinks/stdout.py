@@ -50,7 +50,9 @@ class StdoutSink:
             return
         payload = "".join(f"{record_json(record)}\n" for record in batch).encode()
         try:
-            await trio.to_thread.run_sync(self._write, payload)
+            # abandon_on_cancel: a reader that stopped reading must not hold the worker past
+            # its fence deadline (the abandoned write may still finish: at-least-once).
+            await trio.to_thread.run_sync(self._write, payload, abandon_on_cancel=True)
         except OSError as exc:  # BrokenPipeError: the reader is gone; ENOSPC for a file...
             raise DeliveryFailed(batch, f"write to stdout failed: {exc!r}") from exc
 
