@@ -77,6 +77,7 @@ class BatchPipeline:
         self._failures = RateLimitedCount(FAILURE_LOG_INTERVAL)
         self._retries = RateLimitedCount(FAILURE_LOG_INTERVAL)
         self._finished = trio.Event()
+        self._ready: list[Batch[Record] | Oversized[Record]] = []  # see _take_burst
 
     # --- For the readers ------------------------------------------------------------------
 
@@ -168,18 +169,7 @@ class BatchPipeline:
                         if due is not None:
                             await self._handle(due)
                         continue
-                    # Take what is queued already: one wake-up per burst, not per record.
-                    ended = False
-                    while item is not None:
-                        for ready in self._add(item):
-                            await self._handle(ready)
-                        try:
-                            item = receive.receive_nowait()
-                        except trio.WouldBlock:
-                            item = None
-                        except trio.EndOfChannel:
-                            item, ended = None, True
-                    if ended:
+                    if self._take_burst(item) or await self._take_queued():
                         break
                     # Let records gather instead of waking up for each one (a busy feed would
                     # cost a task switch per record): the readers fill the channel meanwhile,
@@ -193,10 +183,43 @@ class BatchPipeline:
         finally:
             self._finished.set()
 
-    def _add(self, item: tuple[Record, int]) -> list[Batch[Record] | Oversized[Record]]:
-        record, frame_bytes = item
-        size = frame_bytes if self._size is None else self._size(record)
-        return self._batcher.add(record, size, trio.current_time())
+    def _take_burst(self, item: tuple[Record, int]) -> bool:
+        """Batch ``item`` and every record queued behind it, up to the first batch that is
+        ready (left in ``self._ready`` for _take_queued to deliver); True at the end of the
+        channel. Synchronous, one clock read for the whole burst: no await happens in it, so
+        every record of it was taken at that same moment."""
+        receive, add = self._receive.receive_nowait, self._batcher.add
+        size = self._size
+        now = trio.current_time()
+        while True:
+            record, frame_bytes = item
+            ready = add(record, frame_bytes if size is None else size(record), now)
+            if ready:
+                self._ready = ready
+                return False
+            try:
+                item = receive()
+            except trio.WouldBlock:
+                return False
+            except trio.EndOfChannel:
+                return True
+
+    async def _take_queued(self) -> bool:
+        """Deliver what _take_burst left ready, then go on with the queued records (a new
+        burst, a new clock read: delivering took time); True at the end of the channel."""
+        while self._ready:
+            ready, self._ready = self._ready, []
+            for batch in ready:
+                await self._handle(batch)
+            try:
+                item = self._receive.receive_nowait()
+            except trio.WouldBlock:
+                return False
+            except trio.EndOfChannel:
+                return True
+            if self._take_burst(item):
+                return True  # (a burst that ends the channel leaves nothing ready)
+        return False
 
     async def _handle(self, ready: Batch[Record] | Oversized[Record]) -> None:
         if isinstance(ready, Oversized):

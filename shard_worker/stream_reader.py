@@ -243,8 +243,9 @@ class StreamReader:
         stream = self.spec.id
         write, write_json = recorder.write, recorder.writer(stream)
         handle, key, tracker, scan = self.handle, self._key, self.tracker, _scan
+        get_message = ws.get_message
         while True:
-            message = await ws.get_message()
+            message = await get_message()
             if key is not None and type(message) is str:
                 try:
                     data, end = scan(message, 0)
@@ -274,25 +275,55 @@ class StreamReader:
         with it the reading: TCP pushes back on the feed."""
         sender = self.sender
         assert sender is not None
-        send, send_nowait = sender.send, sender.send_nowait
+        send_nowait = sender.send_nowait
         stream, shard, epoch, worker = self.spec.id, self._shard, self._epoch, self._worker
-        wall = time.time
+        handle, key, tracker, scan = self.handle, self._key, self.tracker, _scan
+        get_message, wall = ws.get_message, time.time
         while True:
-            message = await ws.get_message()
-            item = self.handle(message)
+            message = await get_message()
+            # The common case inline, as in _write_loop: a text frame that is one JSON object
+            # with the next sequence number at a one-part path. Anything else: ``handle``.
+            if key is not None and type(message) is str:
+                try:
+                    data, end = scan(message, 0)
+                except (StopIteration, ValueError, RecursionError):
+                    end = -1
+                if (
+                    end == len(message)
+                    and type(data) is dict
+                    and type(seq := data.get(key)) is int
+                    and seq == tracker.last + 1
+                ):
+                    self.received += 1
+                    tracker.last = seq
+                    record = Record(shard, stream, seq, epoch, worker, wall(), data, "")
+                    try:  # no schedule point while there is room (get_message() has one)
+                        send_nowait((record, len(message)))
+                    except trio.WouldBlock:
+                        await self._send_blocking((record, len(message)))
+                    except trio.BrokenResourceError:
+                        raise _SinkTaskGone from None
+                    continue
+            item = handle(message)
             if item is not None:
                 seq, data, encoding, _ = item
                 record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding or "")
-                try:  # no schedule point while there is room (get_message() has one already)
+                try:
                     send_nowait((record, len(message)))
                 except trio.WouldBlock:
-                    try:
-                        with trio.CancelScope(shield=True):
-                            await send((record, len(message)))
-                    except trio.BrokenResourceError:
-                        raise _SinkTaskGone from None
+                    await self._send_blocking((record, len(message)))
                 except trio.BrokenResourceError:
                     raise _SinkTaskGone from None
+
+    async def _send_blocking(self, item: tuple[Record, int]) -> None:
+        """The send of a full channel: shielded, so a received record reaches the channel even
+        while the reader is being stopped (see _send_loop)."""
+        assert self.sender is not None
+        try:
+            with trio.CancelScope(shield=True):
+                await self.sender.send(item)
+        except trio.BrokenResourceError:
+            raise _SinkTaskGone from None
 
     def handle(self, message: str | bytes) -> tuple[int | None, Any, str | None, str | None] | None:
         """Decode and dedup one message: (seq, data, encoding, data_json) to write, or None (a
