@@ -224,7 +224,15 @@ async def test_malformed_and_too_large_messages_are_dead_lettered_and_the_child_
         with trio.fail_after(10):
             while sum(d["reason"] == "message_too_large" for d in dead_letters(tmp_path)) < 2:
                 await trio.sleep(0.05)
-        beat = await worker.wait_for(Heartbeat)
+        # A heartbeat queued before the second dead letter would be stale: wait for one after.
+        with trio.fail_after(10):
+            beat = await worker.wait_for(Heartbeat)
+            while (
+                beat.streams["big"]["dead_lettered"] < 2
+                or beat.streams["big"]["reconnects"] < 2
+                or beat.streams["bad"]["malformed"] < 3
+            ):
+                beat = await worker.wait_for(Heartbeat)
         await worker.send(stop_in())
         stopped = await worker.wait_for(Stopped)
         assert await worker.wait() == 0
