@@ -286,15 +286,18 @@ async def test_stdout_sink_writes_only_records_to_stdout(
 
 
 async def run_child_to(url: str, tmp_path: Path, sink: SinkSpec, at_least: int = 200) -> Stopped:
+    """Run a child until ``at_least`` records are checkpointed, then stop it; the stop
+    deadline leaves it time to deliver what it had queued (up to a channel of 256 records)."""
     async with spawn_worker() as worker:
         await worker.send(make_start([StreamSpec("a", url, sequence="seq")], tmp_path, sink=sink))
         await worker.expect(Ready, timeout=10)
         await worker.wait_for(
             Checkpoint, timeout=20, predicate=lambda c: c.checkpoint.get("a", 0) >= at_least
         )
-        await worker.send(stop_in(10))
-        stopped = await worker.wait_for(Stopped, timeout=10)
+        await worker.send(stop_in(30))
+        stopped = await worker.wait_for(Stopped, timeout=30)
         assert await worker.wait() == 0
+        assert "stop deadline reached" not in worker.log, worker.log
     return stopped
 
 
@@ -331,9 +334,13 @@ async def test_kinesis_sink_through_a_child(
 
 
 async def test_sqs_fifo_sink_through_a_child(
-    feed: tuple[FeedServer, str], tmp_path: Path, moto_server: ServerProcess
+    nursery: trio.Nursery, tmp_path: Path, moto_server: ServerProcess
 ) -> None:
-    _, url = feed
+    # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the
+    # queue): a feed slower than that keeps the queue the child drains on Stop short.
+    server = FeedServer(rate=100.0)
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    url = f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
     client = make_client("sqs", "us-east-1", moto_server.url)
     queue = client.create_queue(
         QueueName=f"q-{uuid.uuid4().hex[:10]}.fifo", Attributes={"FifoQueue": "true"}
