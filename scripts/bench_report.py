@@ -784,7 +784,8 @@ idle PSS, SIGKILL → pidfd readable / `wait()` returned, warm and fresh). Almos
 few milliseconds of death detection is the kernel tearing down a Python + trio process;
 supervisord, for comparison, notices exits in a loop of up to 1 s.
 
-**Backpressure** (a slow handler's child RSS over time): `scripts/bench_throughput.py`.
+**Backpressure** (a slow handler's child RSS over time): `scripts/bench_throughput.py`; figures in
+*Sinks: throughput and memory under backpressure* below.
 """
 
 
