@@ -33,11 +33,16 @@ from supervisor.feed import FeedServer
 pytestmark = pytest.mark.slow
 
 
+async def start_feed(nursery: trio.Nursery, rate: float) -> tuple[FeedServer, str]:
+    """A feed on 127.0.0.1 sending ``rate`` messages/s per stream, and its URL template."""
+    server = FeedServer(rate=rate)
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    return server, f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
+
+
 @pytest.fixture
 async def feed(nursery: trio.Nursery) -> AsyncIterator[tuple[FeedServer, str]]:
-    server = FeedServer(rate=2000.0)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    yield server, f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
+    yield await start_feed(nursery, 2000.0)
 
 
 def stop_in(seconds: float = 5.0) -> Stop:
@@ -338,9 +343,7 @@ async def test_sqs_fifo_sink_through_a_child(
 ) -> None:
     # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the
     # queue): a feed slower than that keeps the queue the child drains on Stop short.
-    server = FeedServer(rate=100.0)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    url = f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
+    _, url = await start_feed(nursery, 100.0)
     client = make_client("sqs", "us-east-1", moto_server.url)
     queue = client.create_queue(
         QueueName=f"q-{uuid.uuid4().hex[:10]}.fifo", Attributes={"FifoQueue": "true"}
