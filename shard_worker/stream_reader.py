@@ -283,37 +283,35 @@ class StreamReader:
             message = await get_message()
             # The common case inline, as in _write_loop: a text frame that is one JSON object
             # with the next sequence number at a one-part path. Anything else: ``handle``.
+            in_order = False
             if key is not None and type(message) is str:
                 try:
                     data, end = scan(message, 0)
                 except (StopIteration, ValueError, RecursionError):
                     end = -1
-                if (
+                in_order = (
                     end == len(message)
                     and type(data) is dict
                     and type(seq := data.get(key)) is int
                     and seq == tracker.last + 1
-                ):
-                    self.received += 1
-                    tracker.last = seq
-                    record = Record(shard, stream, seq, epoch, worker, wall(), data, "")
-                    try:  # no schedule point while there is room (get_message() has one)
-                        send_nowait((record, len(message)))
-                    except trio.WouldBlock:
-                        await self._send_blocking((record, len(message)))
-                    except trio.BrokenResourceError:
-                        raise _SinkTaskGone from None
+                )
+            if in_order:
+                self.received += 1
+                tracker.last = seq
+                encoding = ""
+            else:
+                item = handle(message)
+                if item is None:
                     continue
-            item = handle(message)
-            if item is not None:
                 seq, data, encoding, _ = item
-                record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding or "")
-                try:
-                    send_nowait((record, len(message)))
-                except trio.WouldBlock:
-                    await self._send_blocking((record, len(message)))
-                except trio.BrokenResourceError:
-                    raise _SinkTaskGone from None
+                encoding = encoding or ""
+            record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding)
+            try:  # no schedule point while there is room (get_message() has one)
+                send_nowait((record, len(message)))
+            except trio.WouldBlock:
+                await self._send_blocking((record, len(message)))
+            except trio.BrokenResourceError:
+                raise _SinkTaskGone from None
 
     async def _send_blocking(self, item: tuple[Record, int]) -> None:
         """The send of a full channel: shielded, so a received record reaches the channel even
