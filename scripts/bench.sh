@@ -7,7 +7,7 @@
 #                              pytest running, up to BENCH_WAIT_IDLE seconds, default 1200), then
 #                              measures and publishes docs/benchmarks.md
 #   scripts/bench.sh --quick   smoke run (under a minute): every part once, side by side; writes
-#                              out/bench/benchmarks.md only (tests/test_bench_smoke.py runs it)
+#                              out/bench/benchmarks.md only (tests/e2e/test_bench_smoke.py runs it)
 #   scripts/bench.sh --no-publish   a full run that writes out/bench/benchmarks.md only
 #
 # Each measuring script writes out/bench/<part>.json; scripts/bench_report.py renders them all.
@@ -42,7 +42,7 @@ mkdir -p "$OUT"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import supervisor.daemon, shard_worker, trio_websocket, moto, pytest' \
+if ! .venv/bin/python -c 'import supervisor.drivers.daemon, shard_worker, trio_websocket, moto, pytest' \
   >/dev/null 2>&1; then
   log "installing the project into .venv"
   .venv/bin/python -m pip install --quiet --upgrade pip

@@ -62,12 +62,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from fleet import alive, child_pids  # noqa: E402
-from servers import ServerProcess, start_dynalite, start_moto_server  # noqa: E402
+from helpers.fleet import alive, child_pids  # noqa: E402
+from helpers.servers import ServerProcess, start_dynalite, start_moto_server  # noqa: E402
 
-from supervisor.config import Config, LeaseConfig, LogConfig, SupervisorConfig  # noqa: E402
-from supervisor.dynamo_store import DynamoLeaseStore  # noqa: E402
-from supervisor.store import LeaseStoreError, Snapshot  # noqa: E402
+from supervisor.adapters.lease_store.base import LeaseStoreError  # noqa: E402
+from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore  # noqa: E402
+from supervisor.config.model import Config, LeaseConfig, LogConfig, SupervisorConfig  # noqa: E402
+from supervisor.core.items import Snapshot  # noqa: E402
 
 OUT = ROOT / "out"
 # One directory per run (and per process importing this module), so that runs never clobber
@@ -1396,7 +1397,7 @@ async def run_all(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 def feed_main(argv: list[str]) -> None:
     """``bench_fleet.py _feed --rate R --streams a,b``: a feed process; prints its port."""
-    from supervisor.feed import FeedServer
+    from supervisor.devtools.feed import FeedServer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=float, required=True)

@@ -404,7 +404,7 @@ def lock_measure(
 
 def run_lock(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from servers import start_dynalite, start_moto_server
+    from helpers.servers import start_dynalite, start_moto_server
 
     server = start_moto_server() if args.server == "moto" else start_dynalite()
     try:
@@ -761,8 +761,8 @@ def run_shardvisor_restart(trials: int, rate: float = 1000.0) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     import bench_restart
 
-    from supervisor.feed import FeedServer
-    from supervisor.local_dynamodb import LocalDynamoDB
+    from supervisor.devtools.feed import FeedServer
+    from supervisor.devtools.local_dynamodb import LocalDynamoDB
 
     results: dict[str, list[float]] = {}
 
@@ -990,7 +990,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         out = Path(tmp)
         loops: dict[str, Any] = {}
         if bt is not None:
-            from shard_worker.protocol import SinkSpec
+            from shard_worker.contract.pipe import SinkSpec
 
             def bare(url: str) -> float:
                 return trio.run(bt.bare_loop, url, seconds)

@@ -765,7 +765,7 @@ STATIC = """\
 ## Not part of this run
 
 **Balancing** (pure planner, simulated fleet; deterministic, so not machine-dependent):
-`.venv/bin/python -m pytest tests/test_balance_simulation.py -s` — 1,000 shards, 20 workers,
+`.venv/bin/python -m pytest tests/core/test_balance_simulation.py -s` — 1,000 shards, 20 workers,
 lease 10 s, reconcile 2 s, three seeds, every worker planning from the table as it is when its
 turn comes.
 

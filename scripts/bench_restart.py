@@ -28,8 +28,8 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from supervisor.feed import FeedServer  # noqa: E402
-from supervisor.local_dynamodb import LocalDynamoDB  # noqa: E402
+from supervisor.devtools.feed import FeedServer  # noqa: E402
+from supervisor.devtools.local_dynamodb import LocalDynamoDB  # noqa: E402
 
 
 def worker_pids(supervisor_pid: int) -> list[int]:

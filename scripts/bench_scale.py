@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_peers import bench_env, interruptible, summary, write_json  # noqa: E402
 from bench_restart import worker_pids  # noqa: E402
 from bench_spawn import _pss_kib  # noqa: E402
-from servers import ServerProcess, start_dynalite, start_moto_server  # noqa: E402
+from helpers.servers import ServerProcess, start_dynalite, start_moto_server  # noqa: E402
 
 WORK = ROOT / "out" / "bench" / "scale"
 FEED_RATE = 10.0  # msg/s per stream (scale)
@@ -94,7 +94,7 @@ def start_feed(log: Path, rate: float) -> tuple[subprocess.Popen[bytes], str]:
 def feed_main(rate: float) -> None:
     import trio
 
-    from supervisor.feed import FeedServer
+    from supervisor.devtools.feed import FeedServer
 
     async def serve() -> None:
         feed = FeedServer(rate)
@@ -225,7 +225,7 @@ class Host:
 
 GROWTH_STEP = 8  # shards added per SIGHUP: a supervisor spawning dozens of fresh children at
 # once on a busy 2-core machine can see one take over 10 s to say hello, which ends the whole
-# supervisor (supervisor/shard_runner.py's HELLO_TIMEOUT is not caught): grow in steps.
+# supervisor (supervisor/drivers/shard_runner.py's HELLO_TIMEOUT is not caught): grow in steps.
 
 
 def memory_run(

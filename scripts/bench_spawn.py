@@ -29,9 +29,9 @@ from pathlib import Path
 
 import trio
 
-from shard_worker.protocol import Hello, Ready, SinkSpec, Start, Stop, WorkerSettings
-from supervisor.child_process import ChildHandle
-from supervisor.zygote_client import SpawnResult, ZygoteSpawner, spawn_fresh
+from shard_worker.contract.pipe import Hello, Ready, SinkSpec, Start, Stop, WorkerSettings
+from supervisor.adapters.spawn import ChildHandle
+from supervisor.adapters.zygote_client import SpawnResult, ZygoteSpawner, spawn_fresh
 
 Spawn = Callable[[str], Awaitable[SpawnResult]]
 HELLO_TIMEOUT = 10.0

@@ -46,8 +46,8 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shard_worker.control import MessageChannel  # noqa: E402
-from shard_worker.protocol import (  # noqa: E402
+from shard_worker.adapters.pipes import MessageChannel  # noqa: E402
+from shard_worker.contract.pipe import (  # noqa: E402
     Heartbeat,
     Hello,
     Ready,
@@ -192,7 +192,7 @@ async def bare_loop(url: str, seconds: float) -> tuple[float, float]:
     seconds per message."""
     from trio_websocket import DisconnectionTimeout, open_websocket_url
 
-    from shard_worker.stream_reader import RECEIVE_BUFFER_BYTES
+    from shard_worker.drivers.reader import RECEIVE_BUFFER_BYTES
 
     count = 0
     pin(0, LOOP_CPU)

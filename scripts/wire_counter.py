@@ -31,8 +31,8 @@ MAX_HEADER = 64 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 
 # How the supervisor's UpdateItem kinds tell apart by their UpdateExpression (see
-# supervisor/dynamo_store.py). A release also sets the checkpoint: only an expression that is
-# exactly this one is a checkpoint.
+# supervisor/adapters/lease_store/dynamodb.py). A release also sets the checkpoint: only an
+# expression that is exactly this one is a checkpoint.
 HEARTBEAT = "#counter = #counter + :one"
 CHECKPOINT = "SET #checkpoint = :cp"
 TAKE = "#owner = :me, #epoch = :next"

@@ -8,9 +8,9 @@ import sys
 
 import trio
 
-from .control import MessageChannel
-from .log import Log
-from .worker import run_worker
+from shard_worker.adapters.log import Log
+from shard_worker.adapters.pipes import MessageChannel
+from shard_worker.drivers.worker import run_worker
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,9 +4,9 @@ One public format for all of them, so a consumer can switch destinations without
 
     {"shard", "stream", "seq", "epoch", "worker", "ts", "data"}   (+ "encoding": "base64")
 
-``record_json`` renders exactly the line of shard_worker/sink.py's JsonlSink (same keys, same
-order, same encoder settings), without the trailing newline: a line framing belongs to the sinks
-that write streams of lines, not to a message that holds one record.
+``record_json`` renders exactly the line of the jsonl sink (shard_worker/adapters/sinks/jsonl.py:
+same keys, same order, same encoder settings), without the trailing newline: a line framing
+belongs to the sinks that write streams of lines, not to a message that holds one record.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-# The settings of shard_worker/sink.py: compact separators; ensure_ascii (the default) keeps
-# every line ASCII, so lone surrogates from JSON escapes survive and len(line) == its bytes.
+# The settings of the jsonl sink: compact separators; ensure_ascii (the default) keeps every
+# line ASCII, so lone surrogates from JSON escapes survive and len(line) == its bytes.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import trio
 
 from supervisor import exit_codes
-from supervisor.config import Config
-from supervisor.config_loader import ConfigError, load_config, render_config
-from supervisor.logs import add_secrets, redact_std_streams, setup_logging
-from supervisor.store import LeaseConflict, LeaseStoreError
+from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError
+from supervisor.adapters.logs import add_secrets, redact_std_streams, setup_logging
+from supervisor.config.loader import ConfigError, load_config, render_config
+from supervisor.config.model import Config
 
 log = logging.getLogger("shardvisor.cli")
 
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "feed":
         return _cmd_feed(args)
     if args.command == "demo":
-        from supervisor.demo import run_demo
+        from supervisor.devtools.demo import run_demo
 
         return run_demo(workdir=args.workdir)
     try:
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _store(config: Config):
-    from supervisor.dynamo_store import DynamoLeaseStore
+    from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 
     db = config.dynamodb
     return DynamoLeaseStore(db.table, db.region, db.endpoint_url)
@@ -144,7 +144,7 @@ def _cmd_init_table(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from supervisor.status import fleet_status, render_table
+    from supervisor.core.status import fleet_status, render_table
 
     store = _store(config)
 
@@ -202,7 +202,7 @@ def _mark_in_table(config: Config, request, *, missing: str, done: str) -> int:
 
 
 def _cmd_shards(config: Config, args: argparse.Namespace) -> int:
-    from supervisor import shard_registry
+    from supervisor.drivers import registry as shard_registry
 
     store = _store(config)
     if args.shards_command == "add":
@@ -213,16 +213,16 @@ def _cmd_shards(config: Config, args: argparse.Namespace) -> int:
 
 
 def _cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from supervisor.daemon import Supervisor
-    from supervisor.worker_id import resolve_worker_id
-    from supervisor.zygote_client import ZygoteSpawner
+    from supervisor.adapters.worker_id import resolve_worker_id
+    from supervisor.adapters.zygote_client import ZygoteSpawner
+    from supervisor.drivers.daemon import Supervisor
 
     worker_id = resolve_worker_id(
         config.worker.id, environ=os.environ, hostname=socket.gethostname(), pid=os.getpid()
     )
     setup_logging(config.log.level, worker_id, config.log.format)
     if not config.tls.verify:
-        from shard_worker.stream_reader import VERIFY_OFF_WARNING
+        from shard_worker.drivers.reader import VERIFY_OFF_WARNING
 
         log.warning(VERIFY_OFF_WARNING)
     # zygote: children fork from a warm pre-imported process (ms, shared memory); fresh: exec each.
@@ -244,7 +244,7 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
                             supervisor.request_shutdown()
 
                 if config.http.listen:
-                    from supervisor.http_endpoint import ListenError, serve_http
+                    from supervisor.adapters.http_endpoint import ListenError, serve_http
 
                     try:
                         routes = supervisor.http_routes()
@@ -279,7 +279,7 @@ async def _reload(supervisor, path: str) -> None:
 
 
 def _cmd_feed(args: argparse.Namespace) -> int:
-    from supervisor.feed import run_feed
+    from supervisor.devtools.feed import run_feed
 
     try:
         trio.run(run_feed, args.host, args.port, args.streams, args.rate)

@@ -6,10 +6,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fleet import SHARDS, STREAMS, Fleet
-from servers import ServerProcess, start_dynalite, start_moto_server
+from helpers.fleet import SHARDS, STREAMS, Fleet
+from helpers.servers import ServerProcess, start_dynalite, start_moto_server
 
-from supervisor.feed import FeedServer
+from supervisor.devtools.feed import FeedServer
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""The shard worker's adapters: pipes, WebSocket, sinks, logs."""

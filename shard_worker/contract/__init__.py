@@ -1,0 +1,1 @@
+"""What the supervisor and its children share; imports neither trio-websocket nor the supervisor."""

@@ -1,0 +1,1 @@
+"""Pure cores of the shard worker: no I/O, no clock reads."""

@@ -1,0 +1,1 @@
+"""The shard worker's drivers: the lifecycle, one reader per stream, the sink task."""

@@ -1,0 +1,429 @@
+"""The shard worker's lifecycle: hello, start, read and write until stop, fence or EOF.
+
+Exit codes: 0 stopped (or the parent went away), 1 unexpected error, 2 protocol error,
+3 fence deadline passed, 4 the sink failed for good (``on_failure = "crash"``), 5 the sink
+cannot be opened (a handler that does not import, a bad sink setting). See
+docs/pipe-protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from urllib.parse import urlsplit
+
+import trio
+
+from shard_worker.adapters.log import Log
+from shard_worker.adapters.pipes import MessageChannel, PipeClosed
+from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
+from shard_worker.contract.pipe import (
+    PROTOCOL_VERSION,
+    Checkpoint,
+    Error,
+    Fence,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Ready,
+    Start,
+    Stop,
+    Stopped,
+    header_secrets,
+)
+from shard_worker.core.sequence import SequencePath
+from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
+from shard_worker.drivers.reader import Placeholders, StreamReader
+from shard_worker.drivers.recorder import FenceExpired, FenceGuard, Recorder, trio_deadline
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_PROTOCOL = 2
+EXIT_FENCE = 3
+EXIT_SINK = 4
+EXIT_SINK_SETUP = 5
+
+START_TIMEOUT = 10.0
+REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
+FATAL_REPORT_TIMEOUT = 1.0  # best effort on the way out
+STOP_MARGIN = 0.05  # leave the parent this much of the stop deadline to see us exit
+LAST_WILL_TIMEOUT = 5.0  # the release on the way out; then the lease expires as it would
+
+
+class ControlClosed(Exception):
+    """EOF on the control pipe: the parent died or wants us gone now."""
+
+
+class SinkSetupFailed(Exception):
+    """The sink of the start message cannot be opened (import, settings, credentials)."""
+
+
+Output = Recorder | BatchPipeline
+
+
+async def run_worker(channel: MessageChannel, log: Log) -> int:
+    """Run one shard epoch over ``channel``; returns the process exit code."""
+    try:
+        return await _lifecycle(channel, log)
+    except Exception as exc:  # noqa: BLE001 - every failure must become an exit code
+        return await _fail(channel, log, exc)
+
+
+async def _lifecycle(channel: MessageChannel, log: Log) -> int:
+    await _report(channel, Hello(version=PROTOCOL_VERSION, pid=os.getpid()))
+    first = await _receive_start(channel)
+    if isinstance(first, Stop):
+        log.info(f"stopped before start: {first.reason}")
+        await _send_stopped(channel, first, {}, 0, log)
+        return EXIT_OK
+    start = first
+    settings = start.settings
+    log.configure(
+        shard=start.shard,
+        epoch=start.epoch,
+        log_format=settings.log_format,
+        redact=(*settings.redact, *header_secrets(start.streams)),
+    )
+    output = _open_output(start, log)
+    try:
+        try:
+            stop = await _run_shard(start, output, channel, log)
+        except Exception as exc:
+            if _find(exc, ControlClosed) is None and _find(exc, PipeClosed) is None:
+                if _find(exc, SinkFailed) is not None:
+                    await _report_delivered(channel, output, log)
+                raise
+            # The supervisor is gone: nothing more is written; hand the shard on.
+            checkpoint = output.flush()
+            await output.aclose()
+            log.warning(f"supervisor gone ({exc!r}); last will at checkpoint {checkpoint}")
+            await _last_will(start, checkpoint, log)
+            return EXIT_OK
+        checkpoint = output.flush()
+    finally:
+        with trio.CancelScope(shield=True):
+            await output.aclose()
+    written = output.written
+    log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
+    await _send_stopped(channel, stop, checkpoint, written, log)
+    return EXIT_OK
+
+
+def _open_output(start: Start, log: Log) -> Output:
+    """The Recorder (jsonl) or the BatchPipeline of the start message's sink, with the
+    dead-letter sink, behind one fence guard."""
+    spec = start.sink
+    fence = FenceGuard(start.fence_deadline)
+    dead_letters = DeadLetterSink(
+        spec.dead_letter,
+        shard=start.shard,
+        epoch=start.epoch,
+        worker=start.worker,
+        fsync=spec.fsync,
+    )
+    checkpoint = _resume_checkpoint(start)
+    if spec.kind == "jsonl":
+        sink = open_sink(
+            spec,
+            shard=start.shard,
+            epoch=start.epoch,
+            worker=start.worker,
+            streams=[stream.id for stream in start.streams],
+        )
+        return Recorder(sink, fence, checkpoint, dead_letters)
+    from shard_worker.adapters.sinks import open_batch_sink
+
+    pipeline: BatchPipeline | None = None
+
+    def on_retry(exc: BaseException, attempt: int, delay: float) -> None:
+        if pipeline is not None:
+            pipeline.on_retry(exc, attempt, delay)
+
+    try:
+        sink = open_batch_sink(spec, on_retry=on_retry)
+    except Exception as exc:
+        raise SinkSetupFailed(f"cannot open the {spec.kind} sink: {exc}") from exc
+    pipeline = BatchPipeline(
+        sink,
+        spec=spec,
+        fence=fence,
+        checkpoint=checkpoint,
+        dead_letters=dead_letters,
+        log=log,
+        measure_frames=spec.kind == "handler",
+    )
+    log.info(
+        f"sink {spec.kind}: batches of up to {sink.max_records} records / {sink.max_bytes}"
+        f" bytes / {spec.batch_max_wait:g}s, channel of {pipeline.capacity},"
+        f" on_failure={spec.on_failure}"
+    )
+    return pipeline
+
+
+async def _report_delivered(channel: MessageChannel, output: Output, log: Log) -> None:
+    """Before a crash exit: report what was delivered, so the restart resends the least."""
+    with trio.move_on_after(FATAL_REPORT_TIMEOUT):
+        try:
+            checkpoint = output.flush()
+            await channel.send(Checkpoint(checkpoint=checkpoint, written=output.written))
+        except (PipeClosed, OSError) as exc:
+            log.warning(f"could not report the checkpoint before exiting: {exc!r}")
+
+
+async def _last_will(start: Start, checkpoint: dict[str, int], log: Log) -> None:
+    """Release our shard (conditional on owner and epoch) and mark the supervisor's session
+    orphaned, so peers take over within a reconcile interval instead of a lease duration.
+    Best effort and bounded: if it fails, the lease simply expires."""
+    will = start.last_will
+    if will is None:
+        return
+    with trio.move_on_after(LAST_WILL_TIMEOUT) as scope:
+        try:
+            # Lazy: boto3 costs ~0.2 s to import; only a child whose supervisor died needs it.
+            from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError
+            from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+        except ImportError as exc:
+            log.warning(f"last will unavailable: {exc}")
+            return
+        store = DynamoLeaseStore(will.table, will.region, will.endpoint_url, max_concurrency=2)
+        wall = time.time()
+        try:
+            await store.release(start.shard, start.worker, start.epoch, checkpoint, "last-will")
+        except LeaseConflict:
+            log.info("last will: the shard has moved on already")
+        except LeaseStoreError as exc:
+            log.warning(f"last will: release failed: {exc}")
+        else:
+            log.info(f"last will: released at epoch {start.epoch}")
+        if will.session:
+            try:
+                await store.mark_orphaned(start.worker, will.session, wall)
+            except LeaseConflict:
+                pass  # a sibling did it, or the supervisor came back as a new session
+            except LeaseStoreError as exc:
+                log.warning(f"last will: could not mark the supervisor orphaned: {exc}")
+    if scope.cancelled_caught:
+        log.warning(f"last will: no answer within {LAST_WILL_TIMEOUT:g}s")
+
+
+async def _send_stopped(
+    channel: MessageChannel, stop: Stop, checkpoint: dict[str, int], written: int, log: Log
+) -> None:
+    """The final report, unless the stop deadline passes first (then we just exit)."""
+    with trio.move_on_at(_trio_deadline(stop.deadline) - STOP_MARGIN) as scope:
+        await channel.send(Stopped(checkpoint=checkpoint, written=written, reason=stop.reason))
+    if scope.cancelled_caught:
+        log.warning("stop deadline reached before 'stopped' was sent")
+
+
+async def _receive_start(channel: MessageChannel) -> Start | Stop:
+    with trio.move_on_after(START_TIMEOUT):
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed before start")
+        if isinstance(message, Stop):
+            return message
+        if not isinstance(message, Start):
+            raise ProtocolError(f"expected 'start', got {message.type!r}")
+        if message.version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {message.version} not supported (this worker speaks "
+                f"{PROTOCOL_VERSION})"
+            )
+        _validate(message)
+        return message
+    raise ProtocolError(f"no 'start' message within {START_TIMEOUT:g}s")
+
+
+def _validate(start: Start) -> None:
+    """Reject a Start this worker cannot run, before anything is opened."""
+    ids = [spec.id for spec in start.streams]
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(f"duplicate stream ids in {ids}")
+    for spec in start.streams:
+        if urlsplit(spec.url).scheme not in ("ws", "wss"):
+            raise ProtocolError(f"stream {spec.id!r}: URL must start with ws:// or wss://")
+        if spec.sequence:
+            try:
+                SequencePath.parse(spec.sequence)
+            except ValueError as exc:
+                raise ProtocolError(f"stream {spec.id!r}: {exc}") from None
+
+
+def _resume_checkpoint(start: Start) -> dict[str, int]:
+    """The start checkpoint, restricted to this shard's sequenced streams."""
+    sequenced = {spec.id for spec in start.streams if spec.sequence}
+    return {stream: seq for stream, seq in start.checkpoint.items() if stream in sequenced}
+
+
+async def _run_shard(start: Start, output: Output, channel: MessageChannel, log: Log) -> Stop:
+    """Readers, sink task and checkpoints run until Stop; raises ControlClosed, FenceExpired
+    or SinkFailed otherwise. On Stop the readers stop reading, the sink task delivers what
+    they had received (until the stop deadline), and only then does this return."""
+    pipeline = output if isinstance(output, BatchPipeline) else None
+    async with trio.open_nursery() as nursery:
+        if pipeline is not None:
+            await nursery.start(pipeline.run)
+        readers = [
+            StreamReader(
+                spec,
+                recorder=output,
+                settings=start.settings,
+                placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
+                log=log,
+                sender=pipeline.sender() if pipeline is not None else None,
+                max_message_size=start.sink.max_message_size,
+            )
+            for spec in start.streams
+        ]
+        if pipeline is not None:
+            pipeline.seal()
+        reading = trio.CancelScope()
+        await nursery.start(_run_readers, readers, reading)
+        nursery.start_soon(_checkpoint_loop, output, channel, start.settings.checkpoint_interval)
+        nursery.start_soon(
+            _heartbeat_loop, output, readers, channel, start.settings.heartbeat_interval
+        )
+        await _report(channel, Ready())
+        log.info(f"ready: epoch={start.epoch} streams={len(start.streams)}")
+        stop = await _serve_control(channel, output)
+        reading.cancel()
+        if pipeline is not None:
+            nursery.start_soon(_serve_fences, channel, output)
+            with trio.move_on_at(_trio_deadline(stop.deadline) - 2 * STOP_MARGIN) as scope:
+                await pipeline.drained()
+            if scope.cancelled_caught:
+                log.warning("stop deadline reached before the last batch was delivered")
+        nursery.cancel_scope.cancel()
+    return stop
+
+
+async def _run_readers(
+    readers: list[StreamReader],
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Every reader, in a scope of their own: cancelling it stops the reading only."""
+    with scope:
+        async with trio.open_nursery() as nursery:
+            for reader in readers:
+                await nursery.start(reader.run)
+            task_status.started()
+
+
+async def _serve_control(channel: MessageChannel, recorder: Output) -> Stop:
+    """Apply Fence messages until a Stop arrives (returned) or the pipe closes (raised)."""
+    while True:
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed")
+        if isinstance(message, Fence):
+            recorder.fence_deadline = message.deadline
+        elif isinstance(message, Stop):
+            return message
+        else:
+            raise ProtocolError(f"unexpected {message.type!r} message after start")
+
+
+async def _serve_fences(channel: MessageChannel, output: Output) -> None:
+    """While the last batches are delivered after Stop: keep applying Fence messages."""
+    while True:
+        message = await channel.receive()
+        if message is None:
+            raise ControlClosed("control pipe closed while stopping")
+        if isinstance(message, Fence):
+            output.fence_deadline = message.deadline
+
+
+async def _checkpoint_loop(recorder: Output, channel: MessageChannel, interval: float) -> None:
+    """Flush, then report what the flush made durable (only when it moved)."""
+    reported = recorder.checkpoint()
+    while True:
+        await trio.sleep(interval)
+        # Synchronous: nothing is written (or delivered) between the flush and the report.
+        checkpoint = recorder.flush()
+        if checkpoint != reported:
+            await _report(channel, Checkpoint(checkpoint=checkpoint, written=recorder.written))
+            reported = checkpoint
+
+
+async def _heartbeat_loop(
+    recorder: Output, readers: list[StreamReader], channel: MessageChannel, interval: float
+) -> None:
+    """Liveness with progress. Runs on the same event loop as the readers, so a loop blocked
+    by CPU-bound code stops the heartbeats, and the supervisor replaces the child."""
+    while True:
+        before = trio.current_time()
+        await trio.sleep(interval)
+        lag = max(0.0, trio.current_time() - before - interval)
+        await _report(
+            channel,
+            Heartbeat(
+                written=recorder.written,
+                last_seq={r.spec.id: recorder.last(r.spec.id) for r in readers if r.path},
+                loop_lag=round(lag, 6),
+                duplicates=sum(r.tracker.duplicates for r in readers),
+                gaps=sum(r.tracker.gaps for r in readers),
+                malformed=sum(r.malformed.count for r in readers),
+                streams={
+                    r.spec.id: r.counts(
+                        recorder.written_by_stream.get(r.spec.id, 0),
+                        recorder.dead_lettered_by_stream.get(r.spec.id, 0),
+                    )
+                    for r in readers
+                },
+            ),
+        )
+
+
+async def _report(channel: MessageChannel, message: Hello | Ready | Checkpoint | Heartbeat) -> None:
+    with trio.fail_after(REPORT_TIMEOUT):
+        await channel.send(message)
+
+
+async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:
+    """Log ``exc``, tell the parent when it can still listen, and pick the exit code."""
+    fence = _find(exc, FenceExpired)
+    protocol = _find(exc, ProtocolError)
+    closed = _find(exc, ControlClosed) or _find(exc, PipeClosed)
+    sink_failed = _find(exc, SinkFailed)
+    setup_failed = _find(exc, SinkSetupFailed)
+    if fence is not None:
+        code, message = EXIT_FENCE, str(fence)
+    elif sink_failed is not None:
+        code, message = EXIT_SINK, f"sink failed: {sink_failed}"
+    elif setup_failed is not None:
+        code, message = EXIT_SINK_SETUP, str(setup_failed)
+    elif protocol is not None:
+        code, message = EXIT_PROTOCOL, f"protocol error: {protocol}"
+    elif closed is not None:
+        log.info(str(closed))  # the parent is gone or done with us: nobody to report to
+        return EXIT_OK
+    else:
+        code, message = EXIT_ERROR, f"unexpected error: {exc!r}"
+    # The traceback goes through the log (one JSON line in json mode, and redacted).
+    trace = "".join(traceback.format_exception(exc)) if code == EXIT_ERROR else ""
+    log.error(message, exc=trace)
+    with trio.move_on_after(FATAL_REPORT_TIMEOUT):
+        try:
+            await channel.send(Error(message=log.redact(message), fatal=True))
+        except PipeClosed as closed:
+            log.warning(str(closed))
+    return code
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc``, looking inside (nested) exception groups."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+_trio_deadline = trio_deadline

@@ -1,0 +1,1 @@
+"""Thin adapters of the supervisor: DynamoDB, processes, HTTP, metrics, logs, systemd."""

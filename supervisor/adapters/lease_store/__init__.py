@@ -1,0 +1,1 @@
+"""The lease store: its interface (``base``), the in-memory twin and DynamoDB."""

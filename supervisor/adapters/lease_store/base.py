@@ -1,0 +1,110 @@
+"""The lease store's interface: what the supervisor needs from DynamoDB, and nothing more.
+
+Two implementations: ``dynamo_store.DynamoLeaseStore`` (boto3) and ``memory_store.MemoryLeaseStore``
+(an in-memory twin with the same conditional semantics, for driver tests under a fake clock).
+Every method maps store failures to the errors below, so the drivers never see botocore.
+See docs/lease-protocol.md for the items and the conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+
+
+class LeaseStoreError(Exception):
+    """Root of the lease store's errors."""
+
+
+class StoreUnavailable(LeaseStoreError):
+    """The store could not be reached or refused for now (network, throttling, 5xx): retry later."""
+
+
+class LeaseConflict(LeaseStoreError):
+    """A conditional write failed: the item is not in the state this worker observed or owns."""
+
+
+class WorkerIdTaken(LeaseStoreError):
+    """Our worker item now carries another session: a second process runs with our worker id."""
+
+
+class TableMissing(LeaseStoreError):
+    """The table does not exist (and this call does not create it)."""
+
+
+class LeaseStore(Protocol):
+    async def ensure_table(self, create: bool) -> bool:
+        """Check the table exists; create it (PAY_PER_REQUEST) when ``create``. True if created."""
+
+    async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        """Write our worker item, replacing an earlier incarnation; the counter keeps rising."""
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        """Counter + 1, conditional on our session. Returns the new counter."""
+
+    async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
+        """Mark our worker item stopped (clean exit), conditional on our session."""
+
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        """Ask a worker to hand off all its shards and take none (``undo``: take them again).
+        TableMissing/LeaseConflict if there is no such worker."""
+
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
+        """Ask the owner to hand the shard off gracefully; returns the owner (to poke).
+        LeaseConflict if it has no owner."""
+
+    async def ensure_shard(self, shard_id: str) -> None:
+        """Create the shard item unowned at epoch 0 if it does not exist yet."""
+
+    async def snapshot(self) -> Snapshot:
+        """A strongly consistent read of every worker and shard item (a full scan)."""
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        """Every worker item, strongly consistent, without reading any shard item."""
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        """The unowned shards, from the sparse index (eventually consistent: a take is
+        conditional anyway). Cheap when few shards are unowned, whatever the table's size."""
+
+    async def poke(self, worker_id: str) -> None:
+        """Mailbox + 1: the worker re-reads the whole table at its next reconcile.
+        LeaseConflict if there is no such worker."""
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        """State "orphaned" if the item still carries ``session`` (a child's last will):
+        peers stop counting that worker; its next heartbeat, if any, sets it running again.
+        LeaseConflict otherwise."""
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        """Register a shard defined by ``spec`` (JSON streams), unowned; a retired one is
+        registered again with its epoch kept. LeaseConflict if it exists (or is still owned)."""
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        """Mark a registered shard retired; its owner stops it. Returns the item as written.
+        LeaseConflict if there is no such registered (``spec``) shard."""
+
+    async def take(
+        self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
+    ) -> ShardItem:
+        """Own the shard at ``expected_epoch + 1`` if it is as observed; else LeaseConflict."""
+
+    async def checkpoint(
+        self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
+    ) -> None:
+        """Store the checkpoint, conditional on owner = me and epoch = mine."""
+
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = "released",
+        successor: str = "",
+    ) -> None:
+        """Final checkpoint and give the shard up, conditional on owner = me and epoch = mine.
+        ``successor`` (a live peer) takes it first, even when at its fair share.
+
+        ``state`` is ``released``, or ``quarantined`` after a crash loop (peers may still take
+        it; ``status`` shows why it moved)."""

@@ -1,0 +1,272 @@
+"""The lease store in memory: DynamoLeaseStore's conditional semantics without threads or I/O.
+
+For driver tests under trio's MockClock (autojump): every call is one checkpoint, then an atomic
+read-check-write, exactly like one conditional request. Knobs inject failures.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import attrs
+import trio
+
+from supervisor.adapters.lease_store.base import (
+    LeaseConflict,
+    LeaseStoreError,
+    StoreUnavailable,
+    TableMissing,
+    WorkerIdTaken,
+)
+from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+
+OPERATIONS = frozenset(
+    {
+        "ensure_table",
+        "register_worker",
+        "request_drain",
+        "request_release",
+        "heartbeat",
+        "retire_worker",
+        "ensure_shard",
+        "snapshot",
+        "take",
+        "checkpoint",
+        "release",
+        "read_workers",
+        "vacant_shards",
+        "poke",
+        "add_shard",
+        "retire_shard",
+        "mark_orphaned",
+    }
+)
+
+
+@attrs.define
+class _Table:
+    """The items, shared by every handle (``MemoryLeaseStore.peer``) on the same table."""
+
+    exists: bool = False
+    workers: dict[str, WorkerItem] = attrs.field(factory=dict)
+    shards: dict[str, ShardItem] = attrs.field(factory=dict)
+
+
+class MemoryLeaseStore:
+    """The LeaseStore in memory. Set ``unavailable`` or call ``fail_next`` to inject failures."""
+
+    def __init__(self, *, table_exists: bool = False) -> None:
+        self._table = _Table(exists=table_exists)
+        self.unavailable = False  # every call raises StoreUnavailable while set
+        self._failures: dict[str, collections.deque[LeaseStoreError]] = collections.defaultdict(
+            collections.deque
+        )
+        self.request_counts: collections.Counter[str] = collections.Counter()
+        self.observer = None  # as DynamoLeaseStore's: (operation, seconds, error kind or "")
+
+    def peer(self) -> MemoryLeaseStore:
+        """Another handle on the same items with its own knobs: a second worker's view."""
+        other = MemoryLeaseStore()
+        other._table = self._table
+        return other
+
+    def fail_next(self, op: str, exc: LeaseStoreError) -> None:
+        """Make the next call of ``op`` (a method name) raise ``exc``; calls queue up."""
+        if op not in OPERATIONS:
+            raise ValueError(f"unknown operation {op!r}; one of {sorted(OPERATIONS)}")
+        self._failures[op].append(exc)
+
+    async def _enter(self, op: str, *, needs_table: bool = True) -> _Table:
+        """One checkpoint, like a request in flight; then the injected failures, if any."""
+        await trio.lowlevel.checkpoint()
+        self.request_counts[op] += 1
+        if self.observer is not None:
+            self.observer(op, 0.0, "unavailable" if self.unavailable else "")
+        if self.unavailable:
+            raise StoreUnavailable(f"{op}: memory store set unavailable")
+        if self._failures[op]:
+            raise self._failures[op].popleft()
+        if needs_table and not self._table.exists:
+            raise TableMissing(f"{op}: memory table does not exist")
+        return self._table
+
+    # --- table ------------------------------------------------------------------------------
+
+    async def ensure_table(self, create: bool) -> bool:
+        table = await self._enter("ensure_table", needs_table=False)
+        if table.exists:
+            return False
+        if not create:
+            raise TableMissing("memory table does not exist; run `shardvisor init-table`")
+        table.exists = True
+        return True
+
+    # --- workers ----------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        table = await self._enter("register_worker")
+        old = table.workers.get(worker.id)
+        if old is not None:
+            # Counters never go backwards: peers watching ours must see it change.
+            worker = attrs.evolve(worker, counter=max(worker.counter, old.counter + 1))
+        table.workers[worker.id] = worker
+        return worker
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        table = await self._enter("heartbeat")
+        return self._update_own_worker(table, worker_id, session, state, wall_now).counter
+
+    async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
+        table = await self._enter("retire_worker")
+        self._update_own_worker(table, worker_id, session, "stopped", wall_now)
+
+    @staticmethod
+    def _update_own_worker(
+        table: _Table, worker_id: str, session: str, state: str, wall_now: float
+    ) -> WorkerItem:
+        old = table.workers.get(worker_id)
+        if old is None or old.session != session:
+            raise WorkerIdTaken(f"worker item {worker_id} no longer carries session {session}")
+        new = attrs.evolve(old, counter=old.counter + 1, state=state, heartbeat_at=wall_now)
+        table.workers[worker_id] = new
+        return new
+
+    # --- shards -----------------------------------------------------------------------------
+
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        table = await self._enter("request_drain")
+        if worker_id not in table.workers:
+            raise LeaseConflict(f"no worker {worker_id!r}")
+        when = 0.0 if undo else wall_now
+        table.workers[worker_id] = attrs.evolve(table.workers[worker_id], drain_requested=when)
+
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
+        table = await self._enter("request_release")
+        item = table.shards.get(shard_id)
+        if item is None or not item.owner:
+            raise LeaseConflict(f"shard {shard_id!r} has no owner")
+        table.shards[shard_id] = attrs.evolve(item, release_requested=wall_now)
+        return item.owner
+
+    async def poke(self, worker_id: str) -> None:
+        table = await self._enter("poke")
+        if worker_id not in table.workers:
+            raise LeaseConflict(f"no worker {worker_id!r}")
+        old = table.workers[worker_id]
+        table.workers[worker_id] = attrs.evolve(old, mailbox=old.mailbox + 1)
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        table = await self._enter("mark_orphaned")
+        old = table.workers.get(worker_id)
+        if old is None or old.session != session or old.state == "stopped":
+            raise LeaseConflict(f"worker {worker_id!r} is not session {session}")
+        table.workers[worker_id] = attrs.evolve(old, state="orphaned")
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        table = await self._enter("read_workers")
+        return tuple(table.workers[k] for k in sorted(table.workers))
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        table = await self._enter("vacant_shards")
+        return tuple(
+            VacantShard(item.id, item.epoch, item.successor)
+            for _, item in sorted(table.shards.items())
+            if not item.owner and not item.retired_at
+        )
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        table = await self._enter("add_shard")
+        old = table.shards.get(shard_id)
+        if old is not None and (not old.retired_at or old.owner):
+            raise LeaseConflict(f"shard {shard_id!r} exists")
+        table.shards[shard_id] = ShardItem(
+            id=shard_id, owner="", epoch=old.epoch if old else 0, state="registered", spec=spec
+        )
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        table = await self._enter("retire_shard")
+        old = table.shards.get(shard_id)
+        if old is None or not old.spec:
+            raise LeaseConflict(f"no registered shard {shard_id!r}")
+        new = attrs.evolve(old, retired_at=wall_now, successor="")
+        table.shards[shard_id] = new
+        return _copy(new)
+
+    async def ensure_shard(self, shard_id: str) -> None:
+        table = await self._enter("ensure_shard")
+        table.shards.setdefault(shard_id, ShardItem(id=shard_id, owner="", epoch=0))
+
+    async def snapshot(self) -> Snapshot:
+        table = await self._enter("snapshot")
+        return Snapshot(
+            workers=tuple(table.workers[k] for k in sorted(table.workers)),
+            shards=tuple(_copy(table.shards[k]) for k in sorted(table.shards)),
+        )
+
+    async def take(
+        self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
+    ) -> ShardItem:
+        if not me:
+            raise ValueError("take: the new owner must not be empty")
+        table = await self._enter("take")
+        old = table.shards.get(shard_id)
+        if (
+            old is None
+            or old.epoch != expected_epoch
+            or old.owner != expected_owner
+            or old.retired_at
+        ):
+            raise LeaseConflict(
+                f"take {shard_id}: not owned by {expected_owner!r}@{expected_epoch}"
+            )
+        new = attrs.evolve(
+            old,
+            owner=me,
+            epoch=expected_epoch + 1,
+            owner_since=wall_now,
+            state="running",
+            release_requested=0.0,
+            successor="",
+        )
+        table.shards[shard_id] = new
+        return _copy(new)
+
+    async def checkpoint(
+        self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
+    ) -> None:
+        table = await self._enter("checkpoint")
+        old = _owned(table, shard_id, me, epoch)
+        table.shards[shard_id] = attrs.evolve(old, checkpoint=dict(checkpoint))
+
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = "released",
+        successor: str = "",
+    ) -> None:
+        table = await self._enter("release")
+        old = _owned(table, shard_id, me, epoch)
+        # The epoch stays: the next take bumps it, so an epoch is never reused.
+        table.shards[shard_id] = attrs.evolve(
+            old,
+            owner="",
+            state=state,
+            checkpoint=dict(checkpoint),
+            release_requested=0.0,
+            successor=successor,
+        )
+
+
+def _owned(table: _Table, shard_id: str, me: str, epoch: int) -> ShardItem:
+    item = table.shards.get(shard_id)
+    if item is None or not me or item.owner != me or item.epoch != epoch:
+        raise LeaseConflict(f"{shard_id}: not owned by {me!r}@{epoch}")
+    return item
+
+
+def _copy(item: ShardItem) -> ShardItem:
+    """Callers get their own checkpoint dict: the stored one changes only by a write."""
+    return attrs.evolve(item, checkpoint=dict(item.checkpoint))

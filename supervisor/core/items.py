@@ -1,0 +1,55 @@
+"""The lease table's items as values: what the cores decide on and the stores read and write.
+
+Pure data (attrs, frozen); the stores (``supervisor.adapters.lease_store``) map them to and from
+their own representation. See docs/lease-protocol.md for what each field means to the protocol.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class WorkerItem:
+    id: str
+    session: str  # random per supervisor process: tells two incarnations of one id apart
+    counter: int  # +1 on every heartbeat; peers watch it change on their own monotonic clock
+    state: str  # running | draining | stopped | orphaned (its children saw it die)
+    heartbeat_at: (
+        float  # wall clock of the last heartbeat, for humans only (status), never compared
+    )
+    started_at: float
+    host: str = ""
+    pid: int = 0
+    drain_requested: float = 0.0  # wall time of `shardvisor drain`, 0 = none
+    max_shards: int = 0  # its cap, advertised so every worker computes the same targets
+    mailbox: int = 0  # +1 by anyone who needs this worker to re-read the table (see poke)
+
+
+@attrs.frozen
+class ShardItem:
+    id: str
+    owner: str  # "" = unowned
+    epoch: int  # fencing token: +1 on every change of owner, never reused
+    checkpoint: dict[str, int] = attrs.field(factory=dict)
+    owner_since: float = 0.0  # wall clock, for humans only
+    state: str = ""  # "" | running | released | quarantined
+    release_requested: float = 0.0  # wall time of `shardvisor release`, 0 = none
+    successor: str = ""  # named on a graceful release: this worker takes it first
+    spec: str = ""  # JSON streams of a shard registered with `shards add`; "" = from TOML
+    retired_at: float = 0.0  # wall time of `shards remove`; a retired shard is never taken
+
+
+@attrs.frozen
+class VacantShard:
+    """An unowned shard as the sparse ``roster`` index lists it: what a take needs."""
+
+    id: str
+    epoch: int
+    successor: str = ""
+
+
+@attrs.frozen
+class Snapshot:
+    workers: tuple[WorkerItem, ...]
+    shards: tuple[ShardItem, ...]

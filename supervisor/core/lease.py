@@ -1,0 +1,92 @@
+"""Liveness as pure code: observations and ``now`` in, judgements out (no I/O, no clock).
+
+* ``PeerTracker`` judges peers alive or dead the way KCL judges leases: by watching their
+  heartbeat counter change on *our* monotonic clock. Wall clocks of other hosts are never compared.
+* ``OwnLease`` measures our own validity from when we *sent* our last successful heartbeat, so we
+  stop before any peer can possibly declare us dead.
+See docs/lease-protocol.md for the argument why this never lets two workers write one shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from supervisor.core.items import WorkerItem
+
+_NEVER = float("-inf")
+
+
+@attrs.define
+class _Seen:
+    counter: int | None
+    changed_at: float  # our monotonic time when the counter last changed (or was first seen)
+    state: str
+
+
+@attrs.define
+class PeerTracker:
+    """Peer liveness from heartbeat counters watched on the local monotonic clock."""
+
+    duration: float
+    _seen: dict[str, _Seen] = attrs.field(factory=dict)
+
+    def observe(self, workers: Iterable[WorkerItem], now: float) -> None:
+        for worker in workers:
+            seen = self._seen.get(worker.id)
+            if seen is None or seen.counter != worker.counter:
+                self._seen[worker.id] = _Seen(worker.counter, now, worker.state)
+            else:
+                seen.state = worker.state
+
+    def observe_owner(self, owner: str, now: float) -> None:
+        """An owner with no worker item at all: start its clock at first sight."""
+        if owner and owner not in self._seen:
+            self._seen[owner] = _Seen(None, now, "")
+
+    def is_dead(self, worker_id: str, now: float) -> bool:
+        seen = self._seen.get(worker_id)
+        if seen is None:
+            return False  # never observed: give it a full duration from first sight
+        if seen.state == "stopped":
+            return True  # retired cleanly: its children are gone
+        return now - seen.changed_at >= self.duration
+
+    def is_live_member(self, worker_id: str, now: float) -> bool:
+        """Alive and taking shards (a draining worker is alive but takes nothing)."""
+        seen = self._seen.get(worker_id)
+        return seen is not None and seen.state == "running" and not self.is_dead(worker_id, now)
+
+    def known(self) -> list[str]:
+        return sorted(self._seen)
+
+    def membership(self, now: float) -> frozenset[tuple[str, str]]:
+        """Who is live, alive but not taking (draining), or dead: a change means a rescan."""
+        return frozenset(
+            (
+                worker,
+                "live"
+                if self.is_live_member(worker, now)
+                else ("dead" if self.is_dead(worker, now) else "alive"),
+            )
+            for worker in self._seen
+        )
+
+
+@attrs.define
+class OwnLease:
+    """Our own lease: valid until (last successful heartbeat *sent* + duration - safety margin)."""
+
+    duration: float
+    safety_margin: float
+    valid_until: float = _NEVER
+
+    def heartbeat_succeeded(self, sent_at: float) -> None:
+        self.valid_until = max(self.valid_until, sent_at + self.duration - self.safety_margin)
+
+    def is_valid(self, now: float) -> bool:
+        return now < self.valid_until
+
+    def invalidate(self) -> None:
+        self.valid_until = _NEVER

@@ -1,0 +1,72 @@
+"""``shardvisor status``: the fleet as the table shows it, for humans and for scripts (--json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.config.model import Config
+from supervisor.core.items import Snapshot
+
+
+def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[str, Any]:
+    """The public ``status --json`` document.
+
+    ``heartbeat_age_s`` compares the worker's own wall-clock stamp with ours: good enough for a
+    human, never used for lease decisions (those watch the counter on a monotonic clock).
+    """
+    owned: dict[str, list[str]] = {}
+    for shard in snapshot.shards:
+        if shard.owner:
+            owned.setdefault(shard.owner, []).append(shard.id)
+    workers = []
+    for w in snapshot.workers:
+        age = max(0.0, wall_now - w.heartbeat_at)
+        state = w.state
+        if state != "stopped" and age > config.lease.duration:
+            state = "dead"
+        elif state == "running" and w.drain_requested:
+            state = "draining"  # requested; the worker confirms at its next heartbeat
+        workers.append(
+            {
+                "id": w.id,
+                "state": state,
+                "heartbeat_age_s": round(age, 3),
+                "heartbeat_counter": w.counter,
+                "host": w.host,
+                "pid": w.pid,
+                "shards": sorted(owned.get(w.id, [])),
+            }
+        )
+    shards = [
+        {
+            "id": s.id,
+            "owner": s.owner or None,
+            "epoch": s.epoch,
+            "checkpoint": dict(sorted(s.checkpoint.items())),
+            "state": _shard_state(s),
+            "source": "table" if s.spec else "config",  # `shards add`, or [[shards]] in TOML
+        }
+        for s in snapshot.shards
+    ]
+    return {"workers": workers, "shards": shards}
+
+
+def _shard_state(shard) -> str:
+    if shard.retired_at:
+        return "retired" if not shard.owner else "retiring"
+    if shard.owner and shard.release_requested:
+        return "handing-off"
+    return shard.state or ("running" if shard.owner else "unowned")
+
+
+def render_table(status: dict[str, Any]) -> str:
+    lines = ["WORKER                STATE     HEARTBEAT  SHARDS"]
+    for w in status["workers"]:
+        shards = ",".join(w["shards"]) or "-"
+        lines.append(f"{w['id']:<21} {w['state']:<9} {w['heartbeat_age_s']:>8.1f}s  {shards}")
+    lines += ["", "SHARD                 OWNER                 EPOCH  STATE      CHECKPOINT"]
+    for s in status["shards"]:
+        cp = " ".join(f"{k}={v}" for k, v in s["checkpoint"].items()) or "-"
+        owner = s["owner"] or "-"
+        lines.append(f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {cp}")
+    return "\n".join(lines)

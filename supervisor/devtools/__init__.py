@@ -1,0 +1,1 @@
+"""Development tools (reference feed, demo, local DynamoDB, sink audit), not for production."""

@@ -1,0 +1,431 @@
+"""One contract for every LeaseStore: the in-memory twin, and DynamoLeaseStore on moto's
+in-process mock, on moto's server and on dynalite (both over HTTP).
+
+The drivers are tested on the memory store only, so it must agree with DynamoDB here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import boto3
+import pytest
+import trio
+import trio.testing
+from moto import mock_aws
+
+from supervisor.adapters.lease_store.base import (
+    LeaseConflict,
+    LeaseStore,
+    LeaseStoreError,
+    StoreUnavailable,
+    TableMissing,
+    WorkerIdTaken,
+)
+from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+from supervisor.adapters.lease_store.memory import MemoryLeaseStore
+from supervisor.core.items import ShardItem, WorkerItem
+
+REGION = "us-east-1"
+RACE_ROUNDS = 20
+
+StoreFactory = Callable[[], LeaseStore]
+
+
+@pytest.fixture(params=["memory", "moto-mock", "moto-server", "dynalite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_store(
+    backend: str, request: pytest.FixtureRequest, table_name: str
+) -> Iterator[StoreFactory]:
+    """Makes stores on one and the same table: each is a separate worker's handle."""
+    if backend == "memory":
+        yield MemoryLeaseStore().peer
+    elif backend == "moto-mock":
+        with mock_aws():
+            yield lambda: DynamoLeaseStore(table_name, REGION)
+    else:
+        fixture = "moto_server" if backend == "moto-server" else "dynalite_server"
+        url = request.getfixturevalue(fixture).url
+        yield lambda: DynamoLeaseStore(table_name, REGION, url)
+
+
+@pytest.fixture
+async def store(make_store: StoreFactory) -> LeaseStore:
+    store = make_store()
+    await store.ensure_table(create=True)
+    return store
+
+
+def worker(worker_id: str = "w1", session: str = "s1", counter: int = 0) -> WorkerItem:
+    return WorkerItem(
+        id=worker_id,
+        session=session,
+        counter=counter,
+        state="running",
+        heartbeat_at=1700000000.25,
+        started_at=1700000000.0,
+        host="host-a",
+        pid=4242,
+    )
+
+
+async def stored_shard(store: LeaseStore, shard_id: str) -> ShardItem:
+    (shard,) = [s for s in (await store.snapshot()).shards if s.id == shard_id]
+    return shard
+
+
+async def race_take(
+    stores: dict[str, LeaseStore], shard_id: str
+) -> dict[str, ShardItem | LeaseConflict]:
+    """Every store takes the unowned shard at once; what each one got."""
+    outcomes: dict[str, ShardItem | LeaseConflict] = {}
+    go = trio.Event()
+
+    async def attempt(me: str) -> None:
+        await go.wait()
+        try:
+            outcomes[me] = await stores[me].take(shard_id, me, "", 0, 1.0)
+        except LeaseConflict as exc:
+            outcomes[me] = exc
+
+    async with trio.open_nursery() as nursery:
+        for me in stores:
+            nursery.start_soon(attempt, me)
+        await trio.sleep(0)
+        go.set()
+    return outcomes
+
+
+async def test_ensure_table_creates_then_reports_existing(make_store: StoreFactory) -> None:
+    first, second = make_store(), make_store()
+    assert await first.ensure_table(create=True) is True
+    assert await first.ensure_table(create=True) is False
+    assert await second.ensure_table(create=False) is False
+
+
+async def test_table_missing_without_create(make_store: StoreFactory) -> None:
+    store = make_store()
+    with pytest.raises(TableMissing, match="init-table"):
+        await store.ensure_table(create=False)
+    with pytest.raises(TableMissing):
+        await store.snapshot()
+
+
+async def test_register_and_heartbeat_increment_the_counter(store: LeaseStore) -> None:
+    registered = await store.register_worker(worker(counter=5))
+    assert registered.counter == 5
+    assert await store.heartbeat("w1", "s1", "running", 1700000001.0) == 6
+    assert await store.heartbeat("w1", "s1", "draining", 1700000002.5) == 7
+    (stored,) = (await store.snapshot()).workers
+    assert (stored.counter, stored.state, stored.heartbeat_at) == (7, "draining", 1700000002.5)
+
+
+async def test_heartbeat_with_another_session_is_worker_id_taken(store: LeaseStore) -> None:
+    await store.register_worker(worker(session="s1"))
+    await store.register_worker(worker(session="s2"))  # a second process with our id
+    with pytest.raises(WorkerIdTaken):
+        await store.heartbeat("w1", "s1", "running", 1.0)
+    with pytest.raises(WorkerIdTaken):
+        await store.heartbeat("nobody", "s1", "running", 1.0)
+    assert await store.heartbeat("w1", "s2", "running", 1.0) > 0
+
+
+async def test_reregister_keeps_the_counter_rising(store: LeaseStore) -> None:
+    await store.register_worker(worker(session="s1"))
+    last = await store.heartbeat("w1", "s1", "running", 1.0)
+    again = await store.register_worker(worker(session="s2", counter=0))
+    assert again.counter == last + 1
+    (stored,) = (await store.snapshot()).workers
+    assert (stored.session, stored.counter) == ("s2", last + 1)
+
+
+async def test_ensure_shard_is_idempotent(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    assert await stored_shard(store, "a") == ShardItem(id="a", owner="", epoch=0)
+    await store.take("a", "w1", "", 0, 10.0)
+    await store.checkpoint("a", "w1", 1, {"s": 3})
+    await store.ensure_shard("a")
+    shard = await stored_shard(store, "a")
+    assert (shard.owner, shard.epoch, shard.checkpoint) == ("w1", 1, {"s": 3})
+
+
+async def test_racing_takes_exactly_one_wins(
+    make_store: StoreFactory, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "moto-mock":
+        # Seen here: about 1 race in 300 lets both win. DynamoDB and dynalite serialize writes
+        # to an item; moto's in-process mock checks the condition and writes without a lock,
+        # and our store calls it from several threads. (The moto *server* used here serves one
+        # request at a time and passes: supervisor/devtools/local_dynamodb.py.)
+        request.applymarker(
+            pytest.mark.xfail(
+                reason="moto's in-process mock: conditional writes not atomic across threads"
+            )
+        )
+    stores = {"wa": make_store(), "wb": make_store()}
+    await stores["wa"].ensure_table(create=True)
+    winners: dict[str, str] = {}
+    for round_no in range(RACE_ROUNDS):
+        shard_id = f"race-{round_no:02d}"
+        await stores["wa"].ensure_shard(shard_id)
+        outcomes = await race_take(stores, shard_id)
+        won = [o for o in outcomes.values() if isinstance(o, ShardItem)]
+        lost = [o for o in outcomes.values() if isinstance(o, LeaseConflict)]
+        assert (len(won), len(lost)) == (1, 1), outcomes
+        assert won[0].epoch == 1
+        winners[shard_id] = won[0].owner
+    shards = (await stores["wb"].snapshot()).shards
+    assert {s.id: s.owner for s in shards} == winners
+    assert {s.epoch for s in shards} == {1}
+
+
+async def test_take_from_a_dead_owner_bumps_the_epoch(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "dead", "", 0, 10.0)
+    with pytest.raises(LeaseConflict):
+        await store.take("a", "w1", "", 1, 20.0)  # not unowned
+    with pytest.raises(LeaseConflict):
+        await store.take("a", "w1", "dead", 0, 20.0)  # stale epoch
+    taken = await store.take("a", "w1", "dead", 1, 20.0)
+    assert (taken.owner, taken.epoch, taken.owner_since, taken.state) == ("w1", 2, 20.0, "running")
+    assert await stored_shard(store, "a") == taken
+
+
+async def test_take_of_a_missing_shard_conflicts(store: LeaseStore) -> None:
+    with pytest.raises(LeaseConflict):
+        await store.take("nope", "w1", "", 0, 1.0)
+
+
+async def test_checkpoint_with_a_stale_epoch_leaves_the_stored_one(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.checkpoint("a", "w1", 1, {"trades": 10, "book": 7})
+    await store.take("a", "w2", "w1", 1, 2.0)
+    with pytest.raises(LeaseConflict):
+        await store.checkpoint("a", "w1", 1, {"trades": 99})
+    with pytest.raises(LeaseConflict):
+        await store.checkpoint("a", "w1", 2, {"trades": 99})  # right epoch, not the owner
+    assert (await stored_shard(store, "a")).checkpoint == {"trades": 10, "book": 7}
+
+
+async def test_release_keeps_the_epoch_and_removes_the_owner(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.release("a", "w2", 1, {})
+    await store.release("a", "w1", 1, {"trades": 5})
+    released = await stored_shard(store, "a")
+    assert (released.owner, released.epoch, released.state) == ("", 1, "released")
+    assert released.checkpoint == {"trades": 5}
+    with pytest.raises(LeaseConflict):
+        await store.release("a", "w1", 1, {})  # no longer the owner
+    taken = await store.take("a", "w2", "", 1, 2.0)
+    assert (taken.owner, taken.epoch, taken.checkpoint) == ("w2", 2, {"trades": 5})
+
+
+async def test_snapshot_returns_workers_and_shards_sorted(store: LeaseStore) -> None:
+    for worker_id in ("w2", "w1"):
+        await store.register_worker(worker(worker_id))
+    for shard_id in ("b", "a", "c"):
+        await store.ensure_shard(shard_id)
+    await store.take("b", "w1", "", 0, 1700000003.5)
+    snapshot = await store.snapshot()
+    assert snapshot.workers == (worker("w1"), worker("w2"))
+    assert [s.id for s in snapshot.shards] == ["a", "b", "c"]
+    assert snapshot.shards[1] == ShardItem(
+        id="b", owner="w1", epoch=1, owner_since=1700000003.5, state="running"
+    )
+
+
+async def test_retire_marks_the_worker_stopped(store: LeaseStore) -> None:
+    await store.register_worker(worker())
+    with pytest.raises(WorkerIdTaken):
+        await store.retire_worker("w1", "other-session", 5.0)
+    await store.retire_worker("w1", "s1", 5.0)
+    (stored,) = (await store.snapshot()).workers
+    assert (stored.state, stored.heartbeat_at, stored.counter) == ("stopped", 5.0, 1)
+
+
+async def test_mock_aws_sees_requests_from_worker_threads(table_name: str) -> None:
+    """The moto-mock variant is only meaningful if trio's worker threads hit the mock."""
+    with mock_aws():
+        assert await DynamoLeaseStore(table_name, REGION).ensure_table(create=True)
+        tables = boto3.client("dynamodb", region_name=REGION).list_tables()["TableNames"]
+    assert table_name in tables
+
+
+# --- the memory store's knobs for driver tests (not part of the contract) -------------------
+
+
+async def test_memory_knobs_inject_failures(autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryLeaseStore(table_exists=True)
+    other = store.peer()
+    await store.register_worker(worker())
+    store.fail_next("heartbeat", StoreUnavailable("once"))
+    store.fail_next("heartbeat", LeaseConflict("twice"))
+    with pytest.raises(StoreUnavailable, match="once"):
+        await store.heartbeat("w1", "s1", "running", 1.0)
+    with pytest.raises(LeaseConflict, match="twice"):
+        await store.heartbeat("w1", "s1", "running", 1.0)
+    assert await store.heartbeat("w1", "s1", "running", 1.0) == 1
+    store.unavailable = True
+    with pytest.raises(StoreUnavailable):
+        await store.snapshot()
+    await trio.sleep(60)  # virtual time: the store itself never waits on the clock
+    assert (await other.snapshot()).workers[0].counter == 1  # a peer keeps its own knobs
+    assert store.request_counts["heartbeat"] == 3
+    with pytest.raises(ValueError, match="unknown operation"):
+        store.fail_next("heartbeats", StoreUnavailable("typo"))
+
+
+async def test_drain_request_marks_the_worker_and_undo_clears_it(store: LeaseStore) -> None:
+    with pytest.raises(LeaseConflict):
+        await store.request_drain("nobody", 5.0)
+    await store.register_worker(worker())
+    await store.request_drain("w1", 5.0)
+    (stored,) = (await store.snapshot()).workers
+    assert stored.drain_requested == 5.0
+    await store.heartbeat("w1", "s1", "draining", 6.0)  # heartbeats keep the mark
+    assert (await store.snapshot()).workers[0].drain_requested == 5.0
+    await store.request_drain("w1", 7.0, undo=True)
+    assert (await store.snapshot()).workers[0].drain_requested == 0.0
+
+
+async def test_release_request_needs_an_owner_and_clears_on_release_and_take(
+    store: LeaseStore,
+) -> None:
+    await store.ensure_shard("a")
+    with pytest.raises(LeaseConflict):
+        await store.request_release("a", 1.0)  # unowned: nobody to ask
+    await store.take("a", "w1", "", 0, 2.0)
+    await store.request_release("a", 3.0)
+    assert (await stored_shard(store, "a")).release_requested == 3.0
+    await store.release("a", "w1", 1, {"s": 9})
+    released = await stored_shard(store, "a")
+    assert (released.owner, released.release_requested, released.state) == ("", 0.0, "released")
+    await store.take("a", "w2", "", 1, 4.0)
+    await store.request_release("a", 5.0)
+    await store.take("a", "w3", "w2", 2, 6.0)  # a dead owner's shard taken over
+    assert (await stored_shard(store, "a")).release_requested == 0.0
+
+
+async def test_release_names_a_successor_and_the_next_take_clears_it(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.release("a", "w1", 1, {"s": 4}, successor="w2")
+    assert (await stored_shard(store, "a")).successor == "w2"
+    await store.take("a", "w2", "", 1, 2.0)
+    assert (await stored_shard(store, "a")).successor == ""
+    await store.release("a", "w2", 2, {"s": 5})  # no successor named: none stored
+    assert (await stored_shard(store, "a")).successor == ""
+
+
+async def test_read_workers_lists_every_worker_without_reading_shards(store: LeaseStore) -> None:
+    await store.register_worker(worker("w2", session="b"))
+    await store.register_worker(worker("w1", session="a"))
+    await store.ensure_shard("a")
+    await store.heartbeat("w1", "a", "running", 2.0)
+    workers = await store.read_workers()
+    assert [(w.id, w.session, w.counter) for w in workers] == [("w1", "a", 1), ("w2", "b", 0)]
+
+
+async def test_vacant_shards_lists_exactly_the_unowned_ones(store: LeaseStore) -> None:
+    for shard_id in ("a", "b", "c"):
+        await store.ensure_shard(shard_id)
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.take("b", "w1", "", 0, 1.0)
+    assert [(v.id, v.epoch) for v in await store.vacant_shards()] == [("c", 0)]
+    await store.release("b", "w1", 1, {}, successor="w2")
+    vacant = await store.vacant_shards()
+    assert [(v.id, v.epoch, v.successor) for v in vacant] == [("b", 1, "w2"), ("c", 0, "")]
+
+
+async def test_poke_raises_the_mailbox_of_an_existing_worker(store: LeaseStore) -> None:
+    await store.register_worker(worker("w1"))
+    await store.poke("w1")
+    await store.poke("w1")
+    assert [w.mailbox for w in await store.read_workers()] == [2]
+    with pytest.raises(LeaseConflict):
+        await store.poke("nobody")
+
+
+async def test_request_release_returns_the_owner(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w7", "", 0, 1.0)
+    assert await store.request_release("a", 2.0) == "w7"
+
+
+async def test_registered_shard_lifecycle(store: LeaseStore) -> None:
+    spec = '{"streams":[{"id":"x","url":"ws://h/x"}]}'
+    await store.add_shard("r", spec, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.add_shard("r", spec, 1.0)  # exists
+    item = await stored_shard(store, "r")
+    assert (item.spec, item.owner, item.epoch, item.retired_at) == (spec, "", 0, 0.0)
+    assert [v.id for v in await store.vacant_shards()] == ["r"]
+    await store.take("r", "w1", "", 0, 2.0)
+    retired = await store.retire_shard("r", 3.0)
+    assert (retired.owner, retired.retired_at) == ("w1", 3.0)  # the owner stops it
+    with pytest.raises(LeaseConflict):
+        await store.add_shard("r", spec, 3.5)  # still owned: not re-registered under it
+    await store.release("r", "w1", 1, {"x": 5})
+    with pytest.raises(LeaseConflict):
+        await store.take("r", "w2", "", 1, 4.0)  # retired: never taken
+    await store.add_shard("r", spec, 5.0)  # registered again: epoch kept, checkpoint anew
+    again = await stored_shard(store, "r")
+    assert (again.epoch, again.checkpoint, again.retired_at) == (1, {}, 0.0)
+    await store.take("r", "w2", "", 1, 6.0)
+    await store.ensure_shard("toml")
+    with pytest.raises(LeaseConflict):
+        await store.retire_shard("toml", 7.0)  # defined in a config file, not registered
+    with pytest.raises(LeaseConflict):
+        await store.retire_shard("missing", 7.0)
+
+
+async def test_mark_orphaned_needs_the_session_and_a_heartbeat_undoes_it(
+    store: LeaseStore,
+) -> None:
+    await store.register_worker(worker("w1", session="a"))
+    with pytest.raises(LeaseConflict):
+        await store.mark_orphaned("w1", "other", 1.0)
+    await store.mark_orphaned("w1", "a", 1.0)
+    assert [w.state for w in await store.read_workers()] == ["orphaned"]
+    await store.heartbeat("w1", "a", "running", 2.0)  # it was alive after all
+    assert [w.state for w in await store.read_workers()] == ["running"]
+    await store.retire_worker("w1", "a", 3.0)
+    with pytest.raises(LeaseConflict):
+        await store.mark_orphaned("w1", "a", 4.0)  # a clean exit stays "stopped"
+
+
+@pytest.mark.parametrize("server", ["moto_server", "dynalite_server"])
+async def test_a_table_from_an_earlier_version_gets_the_roster_index(
+    server: str, request: pytest.FixtureRequest, table_name: str
+) -> None:
+    url = request.getfixturevalue(server).url
+    client = boto3.client(
+        "dynamodb",
+        region_name=REGION,
+        endpoint_url=url,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    client.create_table(
+        TableName=table_name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    store = DynamoLeaseStore(table_name, REGION, url)
+    with pytest.raises(TableMissing, match="init-table"):
+        await store.ensure_table(create=False)
+    if server == "dynalite_server":  # accepts UpdateTable's index creation, then ignores it
+        with pytest.raises(LeaseStoreError, match="recreate the table"):
+            await store.ensure_table(create=True)
+        return
+    assert await store.ensure_table(create=True) is False  # not created: the index was added
+    await store.ensure_shard("a")
+    assert [v.id for v in await store.vacant_shards()] == ["a"]

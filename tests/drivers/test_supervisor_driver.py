@@ -1,0 +1,300 @@
+"""The supervisor's loops on a virtual clock: in-memory store, fake children, exact times.
+
+These run instantly under ``MockClock(autojump_threshold=0)``; the same rules are exercised with
+real processes and real servers in test_e2e_fleet.py.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from helpers.fake_child import FakeChild, Write
+
+from shard_worker.contract.pipe import StreamSpec
+from supervisor.adapters.lease_store.memory import MemoryLeaseStore
+from supervisor.config.model import (
+    Config,
+    LeaseConfig,
+    ShardConfig,
+    SupervisorConfig,
+    WorkerConfig,
+)
+from supervisor.drivers.daemon import Supervisor
+from supervisor.drivers.shard_runner import HELLO_TIMEOUT
+
+DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
+MARGIN = DURATION / 5
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def config(shards: int) -> Config:
+    return Config(
+        lease=LeaseConfig(DURATION, HEARTBEAT, RECONCILE),
+        supervisor=SupervisorConfig(shutdown_timeout=20.0, checkpoint_interval=1.0),
+        shards=tuple(
+            ShardConfig(f"s{i}", (StreamSpec(f"s{i}", "ws://127.0.0.1:1/x"),))
+            for i in range(shards)
+        ),
+    )
+
+
+class Harness:
+    def __init__(self, shards: int = 2) -> None:
+        self.store = MemoryLeaseStore(table_exists=True)
+        self.writes: list[Write] = []
+        self.children: list[FakeChild] = []
+        self.crashing: set[str] = set()
+        self.silent: set[str] = set()
+        self.config = config(shards)
+
+    def supervisor(
+        self, worker: str, store: MemoryLeaseStore | None = None, config: Config | None = None
+    ) -> Supervisor:
+        async def spawn(shard_id: str):
+            child = FakeChild(
+                shard_id,
+                self.writes,
+                crash_after_ready=shard_id in self.crashing,
+                silent=shard_id in self.silent,
+            )
+            self.children.append(child)
+            return child, []
+
+        return Supervisor(
+            config or self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
+        )
+
+    async def owners(self) -> dict[str, tuple[str, int]]:
+        return {s.id: (s.owner, s.epoch) for s in (await self.store.snapshot()).shards}
+
+
+async def test_takes_every_shard_and_stores_checkpoints(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        assert await h.owners() == {"s0": ("w1", 1), "s1": ("w1", 1)}
+        snapshot = await h.store.snapshot()
+        assert all(s.checkpoint for s in snapshot.shards)
+        sup.request_shutdown()
+    snapshot = await h.store.snapshot()
+    assert all(s.owner == "" and s.state == "released" for s in snapshot.shards)
+    last = {s.id: s.checkpoint[s.id] for s in snapshot.shards}
+    assert last == {sid: max(w.seq for w in h.writes if w.shard == sid) for sid in last}
+
+
+async def test_store_outage_stops_every_child_before_a_peer_could_take_over(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        h.store.unavailable = True
+        cut = trio.current_time()
+        await trio.sleep(DURATION)
+        # The last successful heartbeat was sent at most HEARTBEAT before the cut.
+        assert sup.runners == {}
+        assert all(c.returncode is not None for c in h.children)
+        assert max(w.at for w in h.writes) < cut + DURATION - MARGIN
+        h.store.unavailable = False
+        await trio.sleep(HEARTBEAT + RECONCILE + 1.0)
+        # Back: the shards still carry our id, so we retake them at a new epoch.
+        assert await h.owners() == {"s0": ("w1", 2), "s1": ("w1", 2)}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_clock):
+    h = Harness(shards=4)
+    w1_store = h.store.peer()
+    doomed = trio.CancelScope()
+
+    async def run_w1(task_status=trio.TASK_STATUS_IGNORED):
+        with doomed:
+            await h.supervisor("w1", w1_store).run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_w1)
+        await trio.sleep(3.0)
+        await nursery.start(h.supervisor("w2").run)
+        await trio.sleep(0.5)
+        # w1 "dies": cut off from the store (so nothing it does lands), then its loops stop.
+        w1_store.unavailable = True
+        doomed.cancel()
+        died = trio.current_time()
+        with trio.fail_after(60):
+            while {o for o, _ in (await h.owners()).values()} != {"w2"}:
+                await trio.sleep(0.1)
+        took = trio.current_time() - died
+        assert DURATION - HEARTBEAT <= took <= DURATION + RECONCILE + 1.0
+        assert {e for _, e in (await h.owners()).values()} == {2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_write_lands_after_the_fence_when_the_supervisor_is_frozen(autojump_clock):
+    """A frozen supervisor sends no fence; its children stop on their own at the deadline."""
+    h = Harness(shards=1)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(4.5)  # between heartbeats (they run at 0, 2, 4, ... s)
+        (child,) = h.children
+        # Frozen: from now on the supervisor neither renews (so sends no fence) nor kills.
+        sup._heartbeat_once = _frozen
+        sup._lose_all = lambda reason: None
+        deadline = sup.lease.valid_until
+        await trio.sleep(DURATION)
+        assert child.returncode == 3  # it stopped by itself, at its fence
+        assert h.writes and max(w.at for w in h.writes) < deadline
+        nursery.cancel_scope.cancel()
+
+
+async def _frozen(sent: float) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock):
+    h = Harness(shards=1)
+    h.crashing.add("s0")
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        with trio.fail_after(30):
+            while (await h.owners())["s0"] != ("", 1):
+                await trio.sleep(0.01)
+        released = trio.current_time()
+        assert len(h.children) == 6  # the first start and 5 restarts, then released
+        await trio.sleep(DURATION - RECONCILE - 0.1)
+        assert (await h.owners())["s0"] == ("", 1)  # cooling down here: another host may try
+        with trio.fail_after(2 * RECONCILE + 0.2):
+            while (await h.owners())["s0"][1] != 2:
+                await trio.sleep(0.01)
+        # Nobody else did: after the cool-down we try again, at a fresh epoch.
+        assert trio.current_time() - released <= DURATION + RECONCILE + 0.1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_child_that_never_says_hello_is_restarted_not_fatal(autojump_clock):
+    h = Harness(shards=2)
+    h.silent.add("s0")
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(3 * HELLO_TIMEOUT)
+        silent = [c for c in h.children if c.shard == "s0"]
+        assert len(silent) >= 2, "the silent child was killed and started again"
+        assert all(c.returncode is not None for c in silent[:-1])
+        # The other shard kept writing all along: one slow child does not take the host down.
+        assert max(w.at for w in h.writes if w.shard == "s1") >= 3 * HELLO_TIMEOUT - 2
+        assert (await h.owners())["s1"][0] == "w1"
+        nursery.cancel_scope.cancel()
+
+
+async def test_second_signal_takes_the_fast_path(autojump_clock):
+    h = Harness(shards=2)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(3.0)
+        started = trio.current_time()
+        sup.request_shutdown()
+        sup.request_shutdown()
+    assert trio.current_time() - started < 1.0
+    assert all(s.owner == "" for s in (await h.store.snapshot()).shards)
+
+
+async def test_a_capped_worker_runs_at_most_its_cap_and_peers_take_the_rest(autojump_clock):
+    h = Harness(shards=5)
+    capped = attrs.evolve(h.config, worker=WorkerConfig(max_shards=1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.supervisor("w1", config=capped).run)
+        await nursery.start(h.supervisor("w2", h.store.peer()).run)
+        await trio.sleep(4 * DURATION)  # past every dwell: balanced for good
+        owners = [o for o, _ in (await h.owners()).values()]
+        assert sorted(owners) == ["w1", "w2", "w2", "w2", "w2"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_steady_round_reads_the_workers_and_vacant_shards_not_every_shard(
+    autojump_clock,
+):
+    h = Harness(shards=8)
+    stores = {w: h.store.peer() for w in ("w1", "w2")}
+    sups = [h.supervisor(w, store) for w, store in stores.items()]
+    async with trio.open_nursery() as nursery:
+        for sup in sups:
+            await nursery.start(sup.run)
+        await trio.sleep(60.0)  # taken and balanced (the dwell time is one lease duration)
+        owners = await h.owners()
+        assert sorted(o for o, _ in owners.values()) == ["w1"] * 4 + ["w2"] * 4
+        counts = stores["w1"].request_counts
+        counts.clear()
+        await trio.sleep(120.0)
+        assert await h.owners() == owners
+        rounds = 120.0 / RECONCILE
+        assert counts["read_workers"] == pytest.approx(rounds, abs=1)
+        assert counts["heartbeat"] == pytest.approx(120.0 / HEARTBEAT, abs=1)
+        # One full scan per full_scan_interval (60 s), not one per round.
+        assert counts["snapshot"] <= 120.0 / LeaseConfig().full_scan_interval + 1
+        polls = 120.0 / LeaseConfig().handoff_poll_interval
+        assert counts["vacant_shards"] == pytest.approx(rounds + polls, rel=0.05)
+        assert counts["take"] == counts["release"] == 0
+        for sup in sups:
+            sup.request_shutdown()
+
+
+async def test_a_named_successor_takes_a_released_shard_within_one_poll(autojump_clock):
+    h = Harness(shards=2)
+    w1 = h.supervisor("w1", h.store.peer())
+    w2 = h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await trio.sleep(DURATION + 3 * RECONCILE)  # w2 got one shard through a rebalance
+        owners = await h.owners()
+        shard = next(s for s, (o, _) in owners.items() if o == "w1")
+        assert await h.store.request_release(shard, 1.0) == "w1"
+        await h.store.poke("w1")  # as `shardvisor release` does
+        released_at = taken_at = None
+        with trio.fail_after(RECONCILE + 5):
+            while taken_at is None:
+                item = next(s for s in (await h.store.snapshot()).shards if s.id == shard)
+                if released_at is None and not item.owner:
+                    released_at = trio.current_time()
+                if item.owner == "w2":
+                    taken_at = trio.current_time()
+                await trio.sleep(0.01)
+        assert released_at is not None
+        assert taken_at - released_at <= LeaseConfig().handoff_poll_interval + 0.02
+        w1.request_shutdown()
+        w2.request_shutdown()
+
+
+async def test_reload_restarts_only_changed_shards_adds_and_hands_off_removed(autojump_clock):
+    h = Harness(shards=3)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(5.0)
+        before = await h.owners()
+        assert before == {"s0": ("w1", 1), "s1": ("w1", 1), "s2": ("w1", 1)}
+        changed = ShardConfig("s1", (StreamSpec("s1", "ws://127.0.0.1:1/changed"),))
+        added = ShardConfig("s9", (StreamSpec("s9", "ws://127.0.0.1:1/new"),))
+        shards = (h.config.shards[0], changed, added)  # s2 removed
+        await sup.reload(attrs.evolve(h.config, shards=shards))
+        await trio.sleep(3 * RECONCILE)
+        after = await h.owners()
+        assert after["s0"] == ("w1", 1)  # unchanged: not restarted
+        assert after["s1"] == ("w1", 2)  # changed: handed to itself, a new epoch
+        assert after["s9"] == ("w1", 1)  # added: registered and taken
+        assert after["s2"] == ("", 1)  # removed: released, nobody here runs it
+        assert sup.runners["s1"].shard == changed
+        assert "s2" not in sup.runners
+        sup.request_shutdown()

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests (and only by them): servers, fleets, fake children."""
