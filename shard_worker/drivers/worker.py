@@ -91,7 +91,9 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
             stop = await _run_shard(start, output, channel, log)
         except Exception as exc:
             if _find(exc, ControlClosed) is None and _find(exc, PipeClosed) is None:
-                if _find(exc, SinkFailed) is not None:
+                if _find(exc, SinkFailed) is not None or _find(exc, FenceExpired) is not None:
+                    # The close below writes out what the sink holds: report it first, or a
+                    # restart in this epoch would write those records a second time.
                     await _report_delivered(channel, output, log)
                 raise
             # The supervisor is gone: nothing more is written; hand the shard on.
