@@ -93,11 +93,13 @@ class StreamAudit:
 
 
 def read_records(paths: Iterable[Path]) -> dict[str, StreamAudit]:
+    """Every record of the sink files. A last line without its newline is a write still under
+    way (the files may be read while children write them): it is not a record yet."""
     audits: dict[str, StreamAudit] = {}
     for path in sorted(paths):
         with path.open(encoding="utf-8") as fh:
             for line in fh:
-                if not line.strip():
+                if not line.strip() or not line.endswith("\n"):
                     continue
                 rec = json.loads(line)
                 if "reason" in rec:  # a dead letter: not delivered
