@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -91,14 +92,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEMO_NEEDS_MOTO = (
+    "shardvisor demo needs moto's DynamoDB server, an optional part: "
+    "pip install 'shardvisor[demo]' (scripts/demo.sh installs it)"
+)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    # moto is a development extra: a production install has none, and says so in one line.
+    if importlib.util.find_spec("moto") is None:
+        print(DEMO_NEEDS_MOTO, file=sys.stderr)
+        return exit_codes.UNAVAILABLE
+    from supervisor.devtools.demo import run_demo
+
+    return run_demo(workdir=args.workdir)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "feed":
         return _cmd_feed(args)
     if args.command == "demo":
-        from supervisor.devtools.demo import run_demo
-
-        return run_demo(workdir=args.workdir)
+        return _cmd_demo(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -3,6 +3,7 @@
 OK = 0
 INTERNAL = 70  # a bug, or a crash loop an outer supervisor should see (EX_SOFTWARE)
 USAGE = 64  # a command line the command cannot run (EX_USAGE), e.g. an invalid shard definition
+UNAVAILABLE = 69  # a command needs an optional part that is not installed (EX_UNAVAILABLE)
 NOT_FOUND = 66  # `drain`/`release` named a worker or shard the table does not have (EX_NOINPUT)
 EXISTS = 73  # `shards add` of a shard the table already has (EX_CANTCREAT)
 STORE_UNAVAILABLE = 75  # the lease store was unreachable at start-up (EX_TEMPFAIL): retry later
