@@ -120,6 +120,13 @@ class WorkerSettings:
     verify_tls: bool = True  # False: no certificate check (logged as a warning at connect)
 
 
+# What verify_tls = False means, logged by the supervisor at start and by the child at connect.
+VERIFY_OFF_WARNING = (
+    "[tls] verify = false: feed certificates are NOT checked; anyone on the path can"
+    " impersonate a feed"
+)
+
+
 @attrs.frozen
 class LastWill:
     """Where the lease lives, so that a child whose supervisor died (EOF on the control pipe)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -147,6 +148,7 @@ class ShardRunner:
             cfg.restart_reset_after,
             max_restarts=cfg.max_restarts,
             window=cfg.restart_window,
+            rng=random.random,
         )
         try:
             while not self._stop.is_set() and self.ctx.lease.is_valid(self.ctx.now()):
