@@ -279,7 +279,7 @@ class Decoder:
     _buffer: bytearray = attrs.field(factory=bytearray)
     _eof: bool = False
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         if self._eof:
             raise ProtocolError("data after EOF")
         if not data:

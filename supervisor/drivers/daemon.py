@@ -29,7 +29,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.metrics import Metrics
 from supervisor.adapters.sd_notify import Notifier
-from supervisor.adapters.spawn import spawn_child
+from supervisor.adapters.spawn import Spawn, fresh_spawner
 from supervisor.config.loader import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
@@ -37,22 +37,9 @@ from supervisor.core.items import Snapshot, VacantShard, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import plan_round
 from supervisor.core.successor import pick_successors
-from supervisor.drivers.shard_runner import RunnerContext, ShardRunner, Spawn
+from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 
 log = logging.getLogger("shardvisor.supervisor")
-
-
-def fresh_spawner(worker_command: Sequence[str] = ()) -> Spawn:
-    """Each child a new interpreter (``python -m shard_worker`` unless a command is set)."""
-
-    async def spawn(shard_id: str):
-        child, out, err = await spawn_child(shard_id, argv=list(worker_command) or None)
-        return child, [("stdout", out), ("stderr", err)]
-
-    return spawn
-
-
-default_spawn = fresh_spawner()
 
 
 class Supervisor:
@@ -642,4 +629,4 @@ def _json(status: int, body: dict) -> Response:
     return Response(status, (json.dumps(body) + "\n").encode())
 
 
-__all__ = ["Supervisor", "default_spawn", "fresh_spawner"]
+__all__ = ["Supervisor"]

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -19,7 +19,7 @@ import trio
 from shard_worker.contract import pipe as p
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, StoreUnavailable
 from supervisor.adapters.metrics import Metrics
-from supervisor.adapters.spawn import ChildHandle, pump_output
+from supervisor.adapters.spawn import ChildHandle, PipeClosed, Spawn, pump_output
 from supervisor.config.model import Config, ShardConfig
 from supervisor.core.lease import OwnLease
 from supervisor.core.restart_policy import RestartPolicy
@@ -30,8 +30,6 @@ HELLO_TIMEOUT = 10.0
 STARTUP_GRACE = 10.0  # from start to ready a child gets at least this long (stream connects)
 MAX_SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; at most this much later, SIGKILL
 RELEASE_TIMEOUT = 5.0
-
-Spawn = Callable[[str], Awaitable[tuple[ChildHandle, list[tuple[str, Any]]]]]
 
 
 class ChildGone(Exception):
@@ -137,7 +135,7 @@ class ShardRunner:
             and not self._lost
         ):
             # A child that is exiting cannot take the fence; the runner sees EOF and wait().
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            with contextlib.suppress(PipeClosed):
                 await child.send(p.Fence(deadline=deadline))
 
     async def run(self) -> None:
@@ -243,6 +241,7 @@ class ShardRunner:
                 except (
                     ChildGone,
                     p.ProtocolError,
+                    PipeClosed,  # it no longer reads: it died before or during the start
                     trio.BrokenResourceError,
                     trio.TooSlowError,  # no hello in time: a crash, not the supervisor's end
                 ) as exc:
@@ -385,7 +384,7 @@ class ShardRunner:
         grace = self._stop_grace
         try:
             await child.send(p.Stop(reason=self._stop_reason, deadline=self.ctx.now() + grace))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except PipeClosed:
             return
         await trio.sleep(grace)
         log.warning("child missed its stop deadline: SIGTERM", extra=self._extra(pid=child.pid))
