@@ -78,6 +78,10 @@ class Supervisor:
             config, worker_id, store, self.lease, spawn, now, self.session, self.metrics
         )
         self.heartbeat_problem: str | None = "no heartbeat yet"  # None: the last one landed
+        # Held around each heartbeat write, and by the drain's retire: once our item says
+        # "stopped", no heartbeat (sent a moment earlier, still in flight) overwrites it.
+        self._heartbeat_lock = trio.Lock()
+        self._retired = False
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
         self.state = SupervisorState.STARTING
@@ -230,8 +234,11 @@ class Supervisor:
             shutting_down=self._shutdown.is_set(), operator_drain=self.operator_drain
         )
         try:
-            with trio.fail_after(self.config.lease.duration / 2):
-                await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
+            async with self._heartbeat_lock:
+                if self._retired:
+                    return
+                with trio.fail_after(self.config.lease.duration / 2):
+                    await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
@@ -518,7 +525,9 @@ class Supervisor:
             self.exit_code = self.exit_code or exit_codes.INTERNAL
         try:
             with trio.move_on_after(2.0):
-                await self.store.retire_worker(self.worker_id, self.session, self.wall())
+                async with self._heartbeat_lock:
+                    self._retired = True
+                    await self.store.retire_worker(self.worker_id, self.session, self.wall())
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
         log.info("drained in %.2fs", self.now() - started)

@@ -319,3 +319,26 @@ async def test_reload_restarts_only_changed_shards_adds_and_hands_off_removed(au
         assert sup.runners["s1"].shard == changed
         assert "s2" not in sup.runners
         sup.request_shutdown()
+
+
+class SlowHeartbeats(MemoryLeaseStore):
+    """Each heartbeat lands ``delay`` after it was sent, even when its caller gives up (as the
+    DynamoDB store's abandoned request thread does)."""
+
+    delay = 0.5
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(self.delay)
+            return await super().heartbeat(worker_id, session, state, wall_now)
+
+
+async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopped(autojump_clock):
+    h = Harness(shards=1)
+    h.store = SlowHeartbeats(table_exists=True)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(2 * HEARTBEAT + 0.1)  # the heartbeat sent at 4.0 lands at 4.5
+        sup.request_shutdown()  # the drain ends (and retires us) well before 4.5
+    assert [w.state for w in await h.store.read_workers()] == ["stopped"]
