@@ -20,16 +20,9 @@ from typing import Any, TextIO
 
 import attrs
 
-REDACTED = "***"
+from shard_worker.core.redact import merge_secrets, redact
+
 MAX_EXC_CHARS = 6000  # keep a line well under the supervisor's 8 KiB line cut
-
-
-def redact(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret replaced by ``***`` (longest first, so no part survives)."""
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    return text
 
 
 @attrs.define
@@ -66,8 +59,7 @@ class Log:
         """From the start message: who we are, how to write, what never to write."""
         self.shard, self.epoch = shard, epoch
         self.format = "json" if log_format == "json" else "text"
-        secrets = {s for s in (*self._secrets, *redact) if s}
-        self._secrets = tuple(sorted(secrets, key=len, reverse=True))
+        self._secrets = merge_secrets(self._secrets, redact)
 
     def redact(self, text: str) -> str:
         return redact(text, self._secrets)

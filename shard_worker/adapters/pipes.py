@@ -1,7 +1,8 @@
 """Messages over a pair of byte streams (the child's two pipes), using the sans-IO codec.
 
-The same class serves both ends: the child reads the control pipe and writes the report
-pipe; the supervisor (and the tests) do the opposite.
+The one adapter for both ends: the child reads the control pipe and writes the report pipe;
+the supervisor's child handles (``supervisor.adapters.spawn.ChildProcess``, the zygote's
+``ZygoteChild``) and the tests do the opposite. Needs only trio and the contract.
 """
 
 from __future__ import annotations

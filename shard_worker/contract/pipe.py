@@ -120,6 +120,13 @@ class WorkerSettings:
     verify_tls: bool = True  # False: no certificate check (logged as a warning at connect)
 
 
+# What verify_tls = False means, logged by the supervisor at start and by the child at connect.
+VERIFY_OFF_WARNING = (
+    "[tls] verify = false: feed certificates are NOT checked; anyone on the path can"
+    " impersonate a feed"
+)
+
+
 @attrs.frozen
 class LastWill:
     """Where the lease lives, so that a child whose supervisor died (EOF on the control pipe)
@@ -272,7 +279,7 @@ class Decoder:
     _buffer: bytearray = attrs.field(factory=bytearray)
     _eof: bool = False
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         if self._eof:
             raise ProtocolError("data after EOF")
         if not data:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import ssl
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,12 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from shard_worker.adapters.log import Log, RateLimitedCount
-from shard_worker.contract.pipe import DEFAULT_MAX_MESSAGE_SIZE, StreamSpec, WorkerSettings
+from shard_worker.contract.pipe import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    VERIFY_OFF_WARNING,
+    StreamSpec,
+    WorkerSettings,
+)
 from shard_worker.core.backoff import Backoff
 from shard_worker.core.sequence import MalformedMessage, SequencePath, SequenceTracker
 from shard_worker.records import Record
@@ -38,10 +44,6 @@ _scan = json.JSONDecoder().scan_once  # the C scanner; called from the event loo
 RECEIVE_BUFFER_BYTES = 64 * 1024  # trio-websocket's 4 KiB default costs a syscall per message
 DISCONNECT_TIMEOUT = 1.0  # a close handshake must not hold up a stop or a fence exit
 MALFORMED_LOG_INTERVAL = 1.0
-VERIFY_OFF_WARNING = (
-    "[tls] verify = false: feed certificates are NOT checked; anyone on the path can"
-    " impersonate a feed"
-)
 
 
 class _SinkTaskGone(Exception):
@@ -160,7 +162,9 @@ class StreamReader:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read forever (until cancelled), reconnecting with backoff."""
         task_status.started()
-        backoff = Backoff(self.settings.reconnect_initial, self.settings.reconnect_max)
+        backoff = Backoff(
+            self.settings.reconnect_initial, self.settings.reconnect_max, rng=random.Random()
+        )
         try:
             while True:
                 delivered, problem = await self._connect_once()

@@ -18,6 +18,7 @@ import trio
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
+from shard_worker.contract.exit_codes import ChildExit
 from shard_worker.contract.pipe import (
     PROTOCOL_VERSION,
     Checkpoint,
@@ -36,13 +37,6 @@ from shard_worker.core.sequence import SequencePath
 from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
 from shard_worker.drivers.reader import Placeholders, StreamReader
 from shard_worker.drivers.recorder import FenceExpired, FenceGuard, Recorder, trio_deadline
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_PROTOCOL = 2
-EXIT_FENCE = 3
-EXIT_SINK = 4
-EXIT_SINK_SETUP = 5
 
 START_TIMEOUT = 10.0
 REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
@@ -76,7 +70,7 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
     if isinstance(first, Stop):
         log.info(f"stopped before start: {first.reason}")
         await _send_stopped(channel, first, {}, 0, log)
-        return EXIT_OK
+        return ChildExit.OK
     start = first
     settings = start.settings
     log.configure(
@@ -101,7 +95,7 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
             await output.aclose()
             log.warning(f"supervisor gone ({exc!r}); last will at checkpoint {checkpoint}")
             await _last_will(start, checkpoint, log)
-            return EXIT_OK
+            return ChildExit.OK
         checkpoint = output.flush()
     finally:
         with trio.CancelScope(shield=True):
@@ -109,7 +103,7 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
     written = output.written
     log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
     await _send_stopped(channel, stop, checkpoint, written, log)
-    return EXIT_OK
+    return ChildExit.OK
 
 
 def _open_output(start: Start, log: Log) -> Output:
@@ -393,20 +387,20 @@ async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:
     sink_failed = _find(exc, SinkFailed)
     setup_failed = _find(exc, SinkSetupFailed)
     if fence is not None:
-        code, message = EXIT_FENCE, str(fence)
+        code, message = ChildExit.FENCE, str(fence)
     elif sink_failed is not None:
-        code, message = EXIT_SINK, f"sink failed: {sink_failed}"
+        code, message = ChildExit.SINK, f"sink failed: {sink_failed}"
     elif setup_failed is not None:
-        code, message = EXIT_SINK_SETUP, str(setup_failed)
+        code, message = ChildExit.SINK_SETUP, str(setup_failed)
     elif protocol is not None:
-        code, message = EXIT_PROTOCOL, f"protocol error: {protocol}"
+        code, message = ChildExit.PROTOCOL, f"protocol error: {protocol}"
     elif closed is not None:
         log.info(str(closed))  # the parent is gone or done with us: nobody to report to
-        return EXIT_OK
+        return ChildExit.OK
     else:
-        code, message = EXIT_ERROR, f"unexpected error: {exc!r}"
+        code, message = ChildExit.ERROR, f"unexpected error: {exc!r}"
     # The traceback goes through the log (one JSON line in json mode, and redacted).
-    trace = "".join(traceback.format_exception(exc)) if code == EXIT_ERROR else ""
+    trace = "".join(traceback.format_exception(exc)) if code == ChildExit.ERROR else ""
     log.error(message, exc=trace)
     with trio.move_on_after(FATAL_REPORT_TIMEOUT):
         try:

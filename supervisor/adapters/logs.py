@@ -19,8 +19,11 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from shard_worker.core.redact import REDACTED as REDACTED  # re-exported: the CLI's marker too
+from shard_worker.core.redact import merge_secrets, scrub
+from shard_worker.core.redact import redact as redact_text
+
 CONTEXT_FIELDS = ("worker", "shard", "epoch", "pid", "fd", "checkpoint", "code")
-REDACTED = "***"
 FORMATS = ("json", "text")
 
 # Attributes every LogRecord has: anything else on a record came from ``extra=``.
@@ -35,7 +38,8 @@ RESERVED_ATTRS = frozenset(
 
 
 class Redactor:
-    """The secrets of this process (only ever grows: an old secret may still be in flight)."""
+    """The secrets of this process (only ever grows: an old secret may still be in flight).
+    The redaction itself is ``shard_worker.core.redact``, shared with the children."""
 
     def __init__(self) -> None:
         self._secrets: tuple[str, ...] = ()
@@ -45,27 +49,14 @@ class Redactor:
         return self._secrets
 
     def add(self, values: Iterable[str]) -> None:
-        merged = {s for s in (*self._secrets, *values) if s}
-        # Longest first: "Bearer abc" goes before "abc", so no part of either survives.
-        self._secrets = tuple(sorted(merged, key=lambda s: (-len(s), s)))
+        self._secrets = merge_secrets(self._secrets, values)
 
     def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
+        return redact_text(text, self._secrets)
 
     def scrub(self, value: Any) -> Any:
         """``value`` with every string in it redacted (dict keys and nested lists too)."""
-        if isinstance(value, str):
-            return self(value)
-        if isinstance(value, dict):
-            return {self.scrub(k): self.scrub(v) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [self.scrub(v) for v in value]
-        if value is None or isinstance(value, bool | int | float):
-            return value
-        return self(str(value))
+        return scrub(value, self._secrets)
 
 
 REDACTOR = Redactor()

@@ -18,12 +18,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import trio
 
-from shard_worker.contract.pipe import Decoder, Message, ProtocolError, encode
+from shard_worker.adapters.pipes import MessageChannel, PipeClosed
+from shard_worker.contract.pipe import Message, ProtocolError
 from supervisor.adapters.logs import RESERVED_ATTRS
 
 log = logging.getLogger("shardvisor.child")
@@ -36,7 +37,8 @@ class ChildHandle(Protocol):
 
     pid: int
 
-    async def send(self, msg: Message) -> None: ...
+    async def send(self, msg: Message) -> None:
+        """One whole message; raises ``PipeClosed`` once the child no longer reads."""
 
     async def receive(self) -> Message | None:
         """The next message, or None at EOF of the report pipe."""
@@ -51,35 +53,38 @@ class ChildHandle(Protocol):
     async def aclose(self) -> None: ...
 
 
-class PipeConversation:
-    """Our ends of a child's two pipes: whole messages out (serialized), decoded messages in.
-    Shared by every kind of child handle, fresh or forked by the zygote."""
+Outputs = list[tuple[str, trio.abc.ReceiveStream]]  # ("stdout" | "stderr", stream)
+SpawnResult = tuple[ChildHandle, Outputs]
+Spawn = Callable[[str], Awaitable[SpawnResult]]  # shard id -> a started child
+
+
+class PipedChild:
+    """Our ends of a child's two pipes, as the child's own ``MessageChannel`` (one adapter for
+    both processes). The base of every kind of child handle, fresh or forked by the zygote."""
 
     def __init__(self, control: trio.abc.SendStream, report: trio.abc.ReceiveStream) -> None:
-        self._control = control
-        self._report = report
-        self._decoder = Decoder()
-        self._pending: list[Message] = []
-        self._send_lock = trio.Lock()
+        self._channel = MessageChannel(report, control)
 
     async def send(self, msg: Message) -> None:
-        async with self._send_lock:
-            await self._control.send_all(encode(msg))
+        await self._channel.send(msg)
 
     async def receive(self) -> Message | None:
-        while not self._pending:
-            if self._decoder.at_eof:
-                return None
-            data = await self._report.receive_some(_READ_SIZE)
-            self._decoder.feed(data)
-            self._pending.extend(self._decoder)
-        return self._pending.pop(0)
+        return await self._channel.receive()
+
+    async def close_control(self) -> None:
+        """EOF on the control pipe: the child flushes and exits within a second."""
+        await self._channel.aclose_send()
 
 
-class ChildProcess(PipeConversation):
+class ChildProcess(PipedChild):
     """A real ``python -m shard_worker`` process."""
 
-    def __init__(self, process: trio.Process, control: trio.lowlevel.FdStream, report) -> None:
+    def __init__(
+        self,
+        process: trio.Process,
+        control: trio.lowlevel.FdStream,
+        report: trio.lowlevel.FdStream,
+    ) -> None:
         super().__init__(control, report)
         self._process = process
         self.pid = process.pid
@@ -95,17 +100,12 @@ class ChildProcess(PipeConversation):
         if self._process.returncode is None:
             self._process.send_signal(signum)
 
-    async def close_control(self) -> None:
-        """EOF on the control pipe: the child flushes and exits within a second."""
-        await self._control.aclose()
-
     async def aclose(self) -> None:
         """Kill if still running, reap, close our pipe ends. Safe to call twice."""
         with trio.CancelScope(shield=True):
             self.signal(signal.SIGKILL)
             await self._process.wait()
-            await self._control.aclose()
-            await self._report.aclose()
+            await self._channel.aclose()
 
 
 async def spawn_child(
@@ -138,6 +138,21 @@ async def spawn_child(
     log.debug("spawned child", extra={"shard": shard_id, "pid": process.pid})
     assert process.stdout is not None and process.stderr is not None
     return child, process.stdout, process.stderr
+
+
+def fresh_spawner(worker_command: Sequence[str] = ()) -> Spawn:
+    """Each child a new interpreter: ``python -m shard_worker``, or ``worker_command`` if set
+    (``[supervisor] worker_command``). The zygote's fallback too."""
+    argv = list(worker_command) or None
+
+    async def spawn(shard_id: str) -> SpawnResult:
+        child, out, err = await spawn_child(shard_id, argv=argv)
+        return child, [("stdout", out), ("stderr", err)]
+
+    return spawn
+
+
+spawn_fresh = fresh_spawner()  # the default command
 
 
 class StdoutRelay:
@@ -243,11 +258,17 @@ def _child_event(line: str) -> dict | None:
 __all__ = [
     "ChildHandle",
     "ChildProcess",
-    "PipeConversation",
+    "Outputs",
+    "PipeClosed",
+    "PipedChild",
     "ProtocolError",
+    "Spawn",
+    "SpawnResult",
     "StdoutRelay",
     "forward_line",
+    "fresh_spawner",
     "pump_output",
     "relay_stdout",
     "spawn_child",
+    "spawn_fresh",
 ]

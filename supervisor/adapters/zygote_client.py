@@ -3,7 +3,7 @@
 ``ZygoteSpawner.run`` keeps one zygote process alive for the supervisor's life (restarting it with
 backoff) and ``ZygoteSpawner.spawn`` asks it for children: a forked child answers in milliseconds
 where a fresh ``python -m shard_worker`` takes ~0.2 s. While no zygote is up, spawns fall back to
-``spawn_child`` (fresh), so a broken zygote slows restarts down but never stops them.
+``spawn.spawn_fresh``, so a broken zygote slows restarts down but never stops them.
 
 Each child comes with a pidfd opened by the zygote before it could reap the child: signals and
 death detection go through it, so they can never reach a reused pid. The zygote reaps its own
@@ -22,13 +22,13 @@ import socket
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from supervisor.adapters.spawn import ChildHandle, PipeConversation, spawn_child
+from supervisor.adapters.spawn import PipedChild, Spawn, SpawnResult, spawn_fresh
 
 log = logging.getLogger("shardvisor.zygote")
 
@@ -42,18 +42,9 @@ RESTART_RESET_AFTER = 30.0  # a zygote up this long restarts fast again when it 
 MAX_MESSAGE = 4096
 _FD = array.array("i").itemsize
 
-Outputs = list[tuple[str, trio.abc.ReceiveStream]]
-SpawnResult = tuple[ChildHandle, Outputs]
-
 
 class ZygoteUnavailable(Exception):
     """The zygote cannot serve this spawn (down, refused, or too slow): spawn fresh."""
-
-
-async def spawn_fresh(shard_id: str) -> SpawnResult:
-    """The fallback: a fresh ``python -m shard_worker`` (as ``daemon.default_spawn``)."""
-    child, out, err = await spawn_child(shard_id)
-    return child, [("stdout", out), ("stderr", err)]
 
 
 def _close_pidfd(fd: int) -> None:
@@ -253,7 +244,7 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     return list(fds)
 
 
-class ZygoteChild(PipeConversation):
+class ZygoteChild(PipedChild):
     """A shard worker forked by the zygote: a ``ChildHandle`` over its pidfd and pipes."""
 
     def __init__(
@@ -302,10 +293,6 @@ class ZygoteChild(PipeConversation):
             with contextlib.suppress(ProcessLookupError):  # exited, maybe reaped: no one to hit
                 signal.pidfd_send_signal(self._exit.pidfd, signum)
 
-    async def close_control(self) -> None:
-        """EOF on the control pipe: the child flushes and exits within a second."""
-        await self._control.aclose()
-
     async def aclose(self) -> None:
         """Kill if still running, wait for it, close the pidfd and our pipe ends. Idempotent."""
         with trio.CancelScope(shield=True):
@@ -317,18 +304,19 @@ class ZygoteChild(PipeConversation):
                     log.error("child did not die after SIGKILL", extra={"pid": self.pid})
                 self._closed = True
                 _close_pidfd(self._exit.pidfd)
-            for stream in (self._control, self._report, *self._outputs):
+            await self._channel.aclose()
+            for stream in self._outputs:
                 await stream.aclose()
 
 
 class ZygoteSpawner:
-    """Owns the zygote process; ``spawn`` has the contract of ``daemon.default_spawn``."""
+    """Owns the zygote process; ``spawn`` is a ``Spawn`` (as ``spawn.fresh_spawner``'s)."""
 
     def __init__(
         self,
         *,
         env: dict[str, str] | None = None,
-        fallback: Callable[[str], Awaitable[SpawnResult]] = spawn_fresh,
+        fallback: Spawn = spawn_fresh,
     ) -> None:
         self._env = env
         self._fallback = fallback
@@ -451,4 +439,4 @@ class ZygoteSpawner:
         return child, [("stdout", stdout), ("stderr", stderr)]
 
 
-__all__ = ["ZygoteChild", "ZygoteSpawner", "ZygoteUnavailable", "spawn_fresh"]
+__all__ = ["SpawnResult", "ZygoteChild", "ZygoteSpawner", "ZygoteUnavailable", "spawn_fresh"]

@@ -1,7 +1,10 @@
 """The supervisor's driver: heartbeat, reconcile, lease watchdog and drain, as trio loops.
 
-Only this module (and the runners) read the clock or sleep; every decision comes from
-``lease_core`` and ``restart_policy``. One ``Supervisor`` per process.
+Only this module (and the runners) read the clock or sleep. Each loop observes (the store, its
+runners, the clock), asks a pure core, and acts: ``core.planner`` and ``core.round_policy``
+(what a round takes, sheds, loses; when it scans), ``core.handoff`` (why a held shard leaves,
+to whom), ``core.shard_set`` (what may run; reloads), ``core.health`` (readiness, the host
+quarantine, status and metrics). One ``Supervisor`` per process.
 """
 
 from __future__ import annotations
@@ -29,30 +32,19 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.metrics import Metrics
 from supervisor.adapters.sd_notify import Notifier
-from supervisor.adapters.spawn import spawn_child
+from supervisor.adapters.spawn import Spawn, fresh_spawner
 from supervisor.config.loader import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
-from supervisor.core.items import Snapshot, VacantShard, WorkerItem
+from supervisor.core import handoff, health, round_policy, shard_set
+from supervisor.core.handoff import LeaveReason
+from supervisor.core.health import SupervisorState
+from supervisor.core.items import Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import plan_round
-from supervisor.core.successor import pick_successors
-from supervisor.drivers.shard_runner import RunnerContext, ShardRunner, Spawn
+from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 
 log = logging.getLogger("shardvisor.supervisor")
-
-
-def fresh_spawner(worker_command: Sequence[str] = ()) -> Spawn:
-    """Each child a new interpreter (``python -m shard_worker`` unless a command is set)."""
-
-    async def spawn(shard_id: str):
-        child, out, err = await spawn_child(shard_id, argv=list(worker_command) or None)
-        return child, [("stdout", out), ("stderr", err)]
-
-    return spawn
-
-
-default_spawn = fresh_spawner()
 
 
 class Supervisor:
@@ -85,11 +77,14 @@ class Supervisor:
         self.ctx = RunnerContext(
             config, worker_id, store, self.lease, spawn, now, self.session, self.metrics
         )
-        self.heartbeat_ok = False  # the last heartbeat reached the store (for /readyz)
-        self.heartbeat_problem = "no heartbeat yet"
+        self.heartbeat_problem: str | None = "no heartbeat yet"  # None: the last one landed
+        # Held around each heartbeat write, and by the drain's retire: once our item says
+        # "stopped", no heartbeat (sent a moment earlier, still in flight) overwrites it.
+        self._heartbeat_lock = trio.Lock()
+        self._retired = False
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
-        self.state = "starting"  # starting | running | draining | stopped
+        self.state = SupervisorState.STARTING
         self.exit_code = exit_codes.OK
         self._shutdown = trio.Event()
         self._fast = False
@@ -98,17 +93,15 @@ class Supervisor:
         # Every shard this worker may run: the TOML ones, and the ones registered in the
         # table (`shardvisor shards add`), as of the last full scan.
         self._runnable: dict[str, ShardConfig] = dict(self._shards)
-        self._bad_specs: dict[str, str] = {}  # shard -> spec already reported as invalid
+        self._spec_reports = shard_set.SpecReports()  # invalid registered specs, logged once
         self.notifier = notifier if notifier is not None else Notifier()  # $NOTIFY_SOCKET
         self._ready_sent = False
         self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
         self._snapshot: Snapshot | None = None  # the last full scan (workers: last round's)
-        self._scanned_at = float("-inf")
-        self._rescan = True  # our own leases changed: the next round scans the whole table
-        self._seen_signature: object = None  # what the last cheap round saw (see _scan_due)
+        self._scans = round_policy.ScanSchedule(lease.full_scan_interval)
         self._taking: set[str] = set()
         self._registered_at = float("inf")
-        self._quarantined_at: list[float] = []
+        self._host = health.HostQuarantine(config.supervisor.restart_window)
 
     # --- control -------------------------------------------------------------------------------
 
@@ -119,7 +112,7 @@ class Supervisor:
                 log.warning("second stop signal: fast shutdown")
                 self._fast = True
                 for runner in list(self.runners.values()):
-                    runner.request_stop("fast shutdown", 0.0)
+                    runner.request_stop(LeaveReason.FAST_SHUTDOWN, 0.0)
             return
         self._shutdown.set()
 
@@ -127,43 +120,32 @@ class Supervisor:
         """SIGHUP: take the shard list of a re-read config file. Only shards whose definition
         changed restart (handed back to ourselves: a new epoch, resumed from the checkpoint);
         removed ones are handed off; added ones are registered. Other settings need a restart."""
-        ignored = [
-            name
-            for name in ("worker", "dynamodb", "lease", "supervisor", "sink", "log")
-            if getattr(config, name) != getattr(self.config, name)
-        ]
-        if ignored:
+        diff = shard_set.diff_reload(self.config, self._shards, config)
+        if diff.ignored:
             log.warning(
                 "reload: [%s] changed; those settings apply at the next restart",
-                "] [".join(ignored),
+                "] [".join(diff.ignored),
             )
-        new = {shard.id: shard for shard in config.shards}
-        old = self._shards
-        added = sorted(new.keys() - old.keys())
-        removed = sorted(old.keys() - new.keys())
-        changed = sorted(sid for sid in new.keys() & old.keys() if new[sid] != old[sid])
         log.info(
             "reload: %d shards added, %d removed, %d changed, %d unchanged",
-            len(added),
-            len(removed),
-            len(changed),
-            len(new) - len(added) - len(changed),
+            len(diff.added),
+            len(diff.removed),
+            len(diff.changed),
+            diff.unchanged,
         )
-        for shard_id in added:
+        for shard_id in diff.added:
             await self.store.ensure_shard(shard_id)
-        self._shards = new
+        self._shards = dict(diff.shards)
         if self._snapshot is not None:
             self._refresh_runnable(self._snapshot)
         else:
-            self._runnable = dict(new)
-        for shard_id in changed:
-            runner = self.runners.get(shard_id)
-            if runner is not None and not runner.lost and runner.state != "stopping":
-                log.info("reload: definition changed, restarting", extra={"shard": shard_id})
-                runner.request_stop(
-                    "definition changed", self._stop_grace(), successor=self.worker_id
-                )
-        self._rescan = True  # removed shards are handed off by the next round
+            self._runnable = dict(diff.shards)
+        for shard_id in shard_set.restart_on_reload(diff.changed, self.runners):
+            log.info("reload: definition changed, restarting", extra={"shard": shard_id})
+            self.runners[shard_id].request_stop(
+                LeaveReason.DEFINITION_CHANGED, self._stop_grace(), successor=self.worker_id
+            )
+        self._scans.invalidate()  # removed shards are handed off by the next round
 
     # --- main ----------------------------------------------------------------------------------
 
@@ -176,7 +158,7 @@ class Supervisor:
         except StoreUnavailable as exc:
             log.error("lease store unreachable at start-up: %s", exc)
             return exit_codes.STORE_UNAVAILABLE
-        self.state = "running"
+        self.state = SupervisorState.RUNNING
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._heartbeat_loop)
@@ -190,7 +172,7 @@ class Supervisor:
             await self._shutdown.wait()
             await self._drain()
             nursery.cancel_scope.cancel()
-        self.state = "stopped"
+        self.state = SupervisorState.STOPPED
         self.notifier.close()
         return self.exit_code
 
@@ -248,14 +230,19 @@ class Supervisor:
             await trio.sleep(max(0.0, sent + interval - self.now()))
 
     async def _heartbeat_once(self, sent: float) -> None:
-        state = "draining" if self._shutdown.is_set() or self.operator_drain else "running"
+        state = health.heartbeat_state(
+            shutting_down=self._shutdown.is_set(), operator_drain=self.operator_drain
+        )
         try:
-            with trio.fail_after(self.config.lease.duration / 2):
-                await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
+            async with self._heartbeat_lock:
+                if self._retired:
+                    return
+                with trio.fail_after(self.config.lease.duration / 2):
+                    await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
-            self.heartbeat_ok, self.heartbeat_problem = False, str(exc) or "timed out"
+            self.heartbeat_problem = str(exc) or "timed out"
             return
         except WorkerIdTaken:
             log.error(
@@ -266,7 +253,7 @@ class Supervisor:
             self.request_shutdown()
             return
         self.metrics.heartbeat.observe(self.now() - sent)
-        self.heartbeat_ok, self.heartbeat_problem = True, ""
+        self.heartbeat_problem = None
         if not self.lease.is_valid(sent):
             # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
             # peers may own our shards now. Never extend a fence across that gap.
@@ -290,13 +277,14 @@ class Supervisor:
                 await trio.sleep(remaining)
 
     async def _systemd_watchdog(self, interval: float) -> None:
-        """WATCHDOG=1 only while our loop runs on time and our lease is valid: systemd then
-        restarts a supervisor that is stuck, not merely one that is busy."""
+        """WATCHDOG=1 while ``health.watchdog_ok``: loop on time, lease valid."""
         while True:
             before = self.now()
             await trio.sleep(interval)
             lag = self.now() - before - interval
-            if lag < interval and self.lease.is_valid(self.now()):
+            if health.watchdog_ok(
+                lag=lag, interval=interval, lease_valid=self.lease.is_valid(self.now())
+            ):
                 self.notifier.notify(watchdog=1)
             else:
                 log.warning(
@@ -306,8 +294,7 @@ class Supervisor:
                 )
 
     def _status_line(self) -> str:
-        held = sorted(sid for sid, r in self.runners.items() if not r.lost)
-        return f"{self.state}: {len(held)} shards" + (f" ({' '.join(held)})" if held else "")
+        return health.status_line(self.state, self.runners)
 
     def _lose_all(self, reason: str) -> None:
         for runner in list(self.runners.values()):
@@ -323,27 +310,25 @@ class Supervisor:
 
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only
-        when something changed (see _scan_due), so a steady fleet reads O(workers) per round."""
+        when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
         workers = await self.store.read_workers()
         now = self.now()
         self.tracker.observe(workers, now)
         vacant = await self.store.vacant_shards()
-        scan = self._scan_due(workers, vacant, now)
+        scan = self._scans.due(self._signature(workers, vacant, now), now)
         if scan:
             snapshot = await self.store.snapshot()
             now = self.now()
             self.tracker.observe(snapshot.workers, now)
-            self._scanned_at = now
-            self._rescan = False
+            self._scans.scanned(now)
             self._refresh_runnable(snapshot)
         else:
             assert self._snapshot is not None
             snapshot = attrs.evolve(self._snapshot, workers=workers)
         self._snapshot = snapshot
-        self._seen_signature = self._signature(workers, vacant, now)
+        self._scans.saw(self._signature(workers, vacant, now))
         self._apply_operator_requests(snapshot, now)
-        accepting = self._accepting(now)
-        active = {sid: r for sid, r in self.runners.items() if not r.lost}
+        active = {sid: r for sid, r in self.runners.items() if r.state.holds_lease}
         plan = plan_round(
             me=self.worker_id,
             held={sid: r.epoch for sid, r in active.items()},
@@ -352,71 +337,51 @@ class Supervisor:
             configured=self._runnable,
             tracker=self.tracker,
             now=now,
-            accepting=accepting,
+            accepting=self._accepting(now),
             min_dwell=self.config.lease.duration,
             recently_shed=self.recently_shed,
             max_shards=self.config.worker.max_shards,
             peer_caps={w.id: w.max_shards for w in snapshot.workers},
         )
-        # "Lost" needs a fresh view of our own items; between scans our checkpoint writes
-        # (conditional on owner and epoch) find a lost lease anyway.
-        for shard_id in plan.lost if scan else ():
-            runner = self.runners[shard_id]
-            if runner.state != "stopping":  # a retired or removed shard stops gracefully
-                runner.lose("the table shows another owner or epoch")
-        # A worker that has watched its peers for less than a lease duration may still count
-        # a dead one as live, so its target is too low: it takes, but sheds nothing yet.
-        warm = now - self._registered_at >= self.config.lease.duration
-        shed = plan.shed if warm else ()
-        successors = self._successors(shed)
-        for shard_id in shed:
+        warm = round_policy.warmed_up(now, self._registered_at, self.config.lease.duration)
+        actions = round_policy.act_on_plan(
+            plan, me=self.worker_id, scanned=scan, warm=warm, held=self.runners
+        )
+        for shard_id in actions.lose:
+            self.runners[shard_id].lose("the table shows another owner or epoch")
+        successors = self._successors(actions.shed)
+        for shard_id in actions.shed:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
             self.runners[shard_id].request_stop(
-                "rebalance", self._stop_grace(), successor=successors.get(shard_id, "")
+                LeaveReason.REBALANCE, self._stop_grace(), successor=successors.get(shard_id, "")
             )
-        for take in plan.take:
+        for take in actions.take:
             if not self.lease.is_valid(self.now()):
                 break
-            if take.expected_owner == self.worker_id and not warm:
-                # Still owned by an earlier incarnation of our worker id, whose child may be
-                # alive (frozen, starved) and writing up to its fence: that fence ends within
-                # a lease duration of our registration, as for any dead owner's shards.
-                continue
             await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         self.notifier.notify(status=self._status_line())
 
     def _accepting(self, now: float) -> bool:
-        return not self._shutdown.is_set() and not self.operator_drain and self.lease.is_valid(now)
+        return round_policy.accepting(
+            shutting_down=self._shutdown.is_set(),
+            operator_drain=self.operator_drain,
+            lease_valid=self.lease.is_valid(now),
+        )
 
-    def _signature(self, workers, vacant, now: float) -> object:
-        mine = next((w for w in workers if w.id == self.worker_id), None)
-        return (self.tracker.membership(now), vacant, mine.mailbox if mine else -1)
-
-    def _scan_due(
-        self, workers: Sequence[WorkerItem], vacant: Sequence[VacantShard], now: float
-    ) -> bool:
-        """A full scan when our view may be stale: at start, after our own takes and
-        releases, when a worker joins, leaves or dies, when the vacant shards change, when
-        someone pokes our mailbox (operator requests), and every full_scan_interval."""
-        return (
-            self._snapshot is None
-            or self._rescan
-            or self._signature(workers, vacant, now) != self._seen_signature
-            or now - self._scanned_at >= self.config.lease.full_scan_interval
+    def _signature(self, workers, vacant, now: float) -> tuple[object, ...]:
+        return round_policy.round_signature(
+            self.worker_id, self.tracker.membership(now), vacant, workers
         )
 
     def _refresh_runnable(self, snapshot: Snapshot) -> None:
-        """TOML shards, plus the registered ones (a spec in the item, not retired)."""
+        """TOML shards, plus the registered ones (``shard_set.registered_candidates``)."""
         runnable = dict(self._shards)
-        for item in snapshot.shards:
-            if not item.spec or item.retired_at or item.id in runnable:
-                continue
+        for item in shard_set.registered_candidates(self._shards, snapshot.shards):
             try:
                 runnable[item.id] = decode_spec(item.id, item.spec)
             except ConfigError as exc:
-                if self._bad_specs.get(item.id) != item.spec:
-                    self._bad_specs[item.id] = item.spec
+                if self._spec_reports.first_time(item.id, item.spec):
                     log.error(
                         "registered shard %s has an invalid spec, not running it: %s",
                         item.id,
@@ -437,54 +402,41 @@ class Supervisor:
             except StoreUnavailable as exc:
                 log.debug("hand-off poll skipped: %s", exc)
                 continue
-            for shard in vacant:
+            for shard in round_policy.handoff_takes(vacant, self.worker_id, self._runnable):
                 # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
-                if (
-                    shard.successor == self.worker_id
-                    and shard.id in self._runnable
-                    and self._accepting(self.now())
-                    and self.lease.is_valid(self.now())
-                ):
+                if self._accepting(self.now()):
                     await self._take(shard.id, "", shard.epoch)
 
-    def _successors(self, shard_ids) -> dict[str, str]:
-        if self._snapshot is None or not shard_ids:
-            return {}
-        now = self.now()
-        live = [w for w in self.tracker.known() if self.tracker.is_live_member(w, now)]
-        return pick_successors(list(shard_ids), self.worker_id, live, self._snapshot.shards)
+    def _successors(self, shard_ids: Sequence[str]) -> dict[str, str]:
+        return handoff.successors(
+            shard_ids,
+            me=self.worker_id,
+            tracker=self.tracker,
+            shards=self._snapshot.shards if self._snapshot is not None else None,
+            now=self.now(),
+        )
 
-    def _apply_operator_requests(self, snapshot, now: float) -> None:
+    def _apply_operator_requests(self, snapshot: Snapshot, now: float) -> None:
         """`shardvisor drain` / `release` / `shards remove` leave marks in the table; the
-        owner acts on them. A shard gone from the config is handed off the same way."""
-        mine = next((w for w in snapshot.workers if w.id == self.worker_id), None)
-        drain = mine is not None and mine.session == self.session and mine.drain_requested > 0
-        if drain != self.operator_drain:
-            self.operator_drain = drain
+        owner acts on them (``handoff.operator_requests``). A shard gone from the config is
+        handed off the same way."""
+        requests = handoff.operator_requests(
+            me=self.worker_id,
+            session=self.session,
+            workers=snapshot.workers,
+            shards=snapshot.shards,
+            held=self.runners,
+            runnable=self._runnable,
+        )
+        if requests.drain != self.operator_drain:
+            self.operator_drain = requests.drain
+            drain = requests.drain
             log.warning("operator %s", "drain: handing off every shard" if drain else "undrain")
-            self.state = "draining" if drain else "running"
-        leaving: list[tuple[str, str]] = []  # (shard, why)
-        for item in snapshot.shards:
-            runner = self.runners.get(item.id)
-            if runner is None or runner.lost or runner.state == "stopping":
-                continue
-            if item.epoch != runner.epoch:
-                continue  # the view predates our take, or a request for an earlier epoch
-            if item.retired_at:
-                why = "retired"  # `shards remove`
-            elif item.id not in self._runnable:
-                why = "removed from the config"
-            elif drain:
-                why = "operator drain"
-            elif item.release_requested > 0 and item.owner == self.worker_id:
-                why = "operator release"
-            else:
-                continue
-            leaving.append((item.id, why))
-        successors = self._successors([sid for sid, why in leaving if why != "retired"])
-        for shard_id, why in leaving:
+            self.state = SupervisorState.DRAINING if drain else SupervisorState.RUNNING
+        successors = self._successors([s for s, why in requests.leaving if why.names_successor])
+        for shard_id, why in requests.leaving:
             log.info("handing off: %s", why, extra={"shard": shard_id})
-            if why != "retired":
+            if why.cools_down:
                 self.recently_shed[shard_id] = now
             self.runners[shard_id].request_stop(
                 why, self._stop_grace(), successor=successors.get(shard_id, "")
@@ -504,9 +456,8 @@ class Supervisor:
             return
         finally:
             self._taking.discard(shard_id)
-        self._rescan = True
-        source = "unowned" if not expected_owner else "dead-owner"
-        self.metrics.takes.labels("own" if expected_owner == self.worker_id else source).inc()
+        self._scans.invalidate()
+        self.metrics.takes.labels(round_policy.take_source(expected_owner, self.worker_id)).inc()
         previous = expected_owner or "nobody"
         log.info(
             "took shard from %s at epoch %d",
@@ -523,7 +474,7 @@ class Supervisor:
         try:
             await runner.run()
         finally:
-            self._rescan = True
+            self._scans.invalidate()
             if self.runners.get(runner.shard_id) is runner:
                 del self.runners[runner.shard_id]
             if runner.crash_looped:
@@ -532,19 +483,14 @@ class Supervisor:
                 self._note_quarantine()
 
     def _note_quarantine(self) -> None:
-        """Most of this host's shards crash-looping points at the host, not the shards: exit
-        70 so systemd's start limit or ECS's circuit breaker can act. One poison shard (which
-        would crash-loop anywhere) must not take every host down, so it takes at least two."""
-        now = self.now()
-        window = self.config.supervisor.restart_window
-        self._quarantined_at = [t for t in self._quarantined_at if now - t <= window] + [now]
-        recent = len(self._quarantined_at)
-        if recent >= 2 and recent * 2 > recent + len(self.runners):
+        """Exit 70 when most of this host's shards crash-loop (``health.HostQuarantine``)."""
+        verdict = self._host.crash_looped(self.now(), len(self.runners))
+        if verdict.unhealthy:
             log.error(
                 "%d of %d shards crash-looped within %ss: this host is unhealthy, exiting",
-                recent,
-                recent + len(self.runners),
-                window,
+                verdict.recent,
+                verdict.total,
+                self._host.window,
             )
             self.exit_code = exit_codes.INTERNAL
             self.request_shutdown()
@@ -552,12 +498,10 @@ class Supervisor:
     # --- drain ---------------------------------------------------------------------------------
 
     def _stop_grace(self) -> float:
-        """Time a child gets to flush. The rest of shutdown_timeout covers SIGTERM (a tenth of
-        it, at most 1 s), SIGKILL, the release write and our own exit."""
-        return max(0.25, self.config.supervisor.shutdown_timeout / 2)
+        return handoff.stop_grace(self.config.supervisor.shutdown_timeout)
 
     async def _drain(self) -> None:
-        self.state = "draining"
+        self.state = SupervisorState.DRAINING
         started = self.now()
         log.info("draining %d shards", len(self.runners))
         budget = self.config.supervisor.shutdown_timeout
@@ -565,11 +509,11 @@ class Supervisor:
         successors = self._successors(list(self.runners))
         for shard_id, runner in list(self.runners.items()):
             runner.request_stop(
-                "shutdown",
+                LeaveReason.SHUTDOWN,
                 0.0 if self._fast else self._stop_grace(),
                 successor=successors.get(shard_id, ""),
             )
-        with trio.move_on_after(max(budget * 0.9, 0.5)) as scope:
+        with trio.move_on_after(handoff.drain_budget(budget)) as scope:
             while self.runners:
                 left = budget - (self.now() - started)
                 self.notifier.notify(extend_timeout_usec=int(max(left, 1.0) * 1e6))
@@ -581,7 +525,9 @@ class Supervisor:
             self.exit_code = self.exit_code or exit_codes.INTERNAL
         try:
             with trio.move_on_after(2.0):
-                await self.store.retire_worker(self.worker_id, self.session, self.wall())
+                async with self._heartbeat_lock:
+                    self._retired = True
+                    await self.store.retire_worker(self.worker_id, self.session, self.wall())
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
         log.info("drained in %.2fs", self.now() - started)
@@ -597,16 +543,12 @@ class Supervisor:
 
     def _readyz(self) -> Response:
         """Ready: registered, heartbeats reaching the store, own lease valid, not stopping."""
-        now = self.now()
-        problems = []
-        if self.state not in ("running", "draining"):
-            problems.append(f"state {self.state}")
-        if not self.heartbeat_ok:
-            problems.append(f"lease store: {self.heartbeat_problem}")
-        if not self.lease.is_valid(now):
-            problems.append("own lease not valid")
-        if self._shutdown.is_set():
-            problems.append("shutting down")
+        problems = health.readiness_problems(
+            state=self.state,
+            heartbeat_problem=self.heartbeat_problem,
+            lease_valid=self.lease.is_valid(self.now()),
+            shutting_down=self._shutdown.is_set(),
+        )
         body = {"ready": not problems, "worker": self.worker_id, "problems": problems}
         return _json(503 if problems else 200, body)
 
@@ -615,31 +557,23 @@ class Supervisor:
 
     def metrics_state(self) -> dict:
         now = self.now()
-        active = {sid: r for sid, r in self.runners.items() if not r.lost}
-        valid = self.lease.valid_until - now
-        return {
-            "held": len(active),
-            "up": sum(1 for r in active.values() if r.state == "running"),
-            "lease_valid_s": max(valid, -1e9),
-            "shards": {sid: r.checkpoint_metrics(now) for sid, r in sorted(active.items())},
-        }
+        return health.metrics_state(
+            runners=self.runners, lease_valid_for=self.lease.valid_until - now, now=now
+        )
 
     # --- status --------------------------------------------------------------------------------
 
     def local_status(self) -> dict:
-        return {
-            "worker": self.worker_id,
-            "state": self.state,
-            "lease_valid_for_s": round(self.lease.valid_until - self.now(), 3),
-            "shards": {
-                sid: {"state": r.state, "epoch": r.epoch, "restarts": r.restarts}
-                for sid, r in sorted(self.runners.items())
-            },
-        }
+        return health.local_status(
+            worker=self.worker_id,
+            state=self.state,
+            lease_valid_for=self.lease.valid_until - self.now(),
+            runners=self.runners,
+        )
 
 
 def _json(status: int, body: dict) -> Response:
     return Response(status, (json.dumps(body) + "\n").encode())
 
 
-__all__ = ["Supervisor", "default_spawn", "fresh_spawner"]
+__all__ = ["Supervisor"]

@@ -2,26 +2,31 @@
 
 The runner owns exactly one lease (shard + epoch). Every store write it makes is conditional on
 that owner and epoch, so a runner that lost its lease can never overwrite the new owner's state.
+Its lifecycle (starting, running, backoff, stopping, lost, quarantined, stopped) is the table in
+``supervisor.core.runner_state``: the runner reports events, the table decides the state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
 from shard_worker.contract import pipe as p
+from shard_worker.contract.exit_codes import describe_exit, restart_reason
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, StoreUnavailable
 from supervisor.adapters.metrics import Metrics
-from supervisor.adapters.spawn import ChildHandle, pump_output
+from supervisor.adapters.spawn import ChildHandle, PipeClosed, Spawn, pump_output
 from supervisor.config.model import Config, ShardConfig
 from supervisor.core.lease import OwnLease
 from supervisor.core.restart_policy import RestartPolicy
+from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
 
 log = logging.getLogger("shardvisor.shard")
 
@@ -29,8 +34,6 @@ HELLO_TIMEOUT = 10.0
 STARTUP_GRACE = 10.0  # from start to ready a child gets at least this long (stream connects)
 MAX_SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; at most this much later, SIGKILL
 RELEASE_TIMEOUT = 5.0
-
-Spawn = Callable[[str], Awaitable[tuple[ChildHandle, list[tuple[str, Any]]]]]
 
 
 class ChildGone(Exception):
@@ -51,6 +54,16 @@ class RunnerContext:
     metrics: Metrics = attrs.field(factory=Metrics)
 
 
+@attrs.frozen
+class StopRequest:
+    """How to hand the shard off: the first request stands (later ones change nothing)."""
+
+    reason: str  # logged, and the releases metric's label
+    grace: float  # the child's time to flush before SIGTERM
+    successor: str  # named in the released item: this peer takes the shard first ("" = any)
+    at: float  # when it was asked (the hand-off time is measured from here)
+
+
 @attrs.define(eq=False)
 class ShardRunner:
     ctx: RunnerContext
@@ -58,19 +71,12 @@ class ShardRunner:
     epoch: int
     checkpoint: dict[str, int]
     taken_at: float
-    state: str = "starting"  # starting | running | backoff | stopping | lost | stopped
     restarts: int = 0
     written: int = 0
-    crash_looped: bool = False
-    _stop: trio.Event = attrs.field(factory=trio.Event)
-    _stop_reason: str = ""
-    _stop_requested_at: float | None = None
-    successor: str = ""  # named in the released item: this peer takes the shard first
-    _stop_grace: float = 0.0
-    _release: bool = True
-    _lost: bool = False
+    _lifecycle: RunnerLifecycle = attrs.field(factory=RunnerLifecycle)
+    _leaving: trio.Event = attrs.field(factory=trio.Event)  # set once the state is leaving
+    _stop: StopRequest | None = None
     _child: ChildHandle | None = None
-    _child_stopped: bool = False
     _child_started: bool = False  # start sent: fences may follow (never before start)
     _stored: dict[str, int] = attrs.field(factory=dict)  # last checkpoint the table accepted
     _last_sign_of_life: float = 0.0
@@ -101,31 +107,35 @@ class ShardRunner:
         return min(MAX_SIGTERM_GRACE, self.ctx.config.supervisor.shutdown_timeout / 10)
 
     @property
-    def lost(self) -> bool:
-        return self._lost
+    def state(self) -> RunnerState:
+        """Where the runner is in its lifecycle (``.value`` is the public string)."""
+        return self._lifecycle.state
 
-    def request_stop(
-        self, reason: str, grace: float, *, release: bool = True, successor: str = ""
-    ) -> None:
+    @property
+    def crash_looped(self) -> bool:
+        return self._lifecycle.state is RunnerState.QUARANTINED
+
+    def _event(self, event: RunnerEvent) -> bool:
+        """Apply ``event`` to the lifecycle; True if the state changed."""
+        changed = self._lifecycle.process(event)
+        if self._lifecycle.state.leaving:
+            self._leaving.set()
+        return changed
+
+    def request_stop(self, reason: str, grace: float, *, successor: str = "") -> None:
         """Graceful: Stop message, wait ``grace``, then SIGTERM, then SIGKILL; then release."""
-        if self._stop.is_set():
-            return
-        self.successor = successor
-        self._stop_reason, self._stop_grace, self._release = reason, grace, release
-        self._stop_requested_at = self.ctx.now()
-        self.state = "stopping"
-        self._stop.set()
+        request = StopRequest(reason, grace, successor, self.ctx.now())
+        if self._event(RunnerEvent.STOP_REQUESTED):
+            self._stop = request
 
     def lose(self, reason: str) -> None:
         """The lease is gone: kill the child at once and write nothing more."""
-        if self._lost:
+        if not self._event(RunnerEvent.LEASE_LOST):
             return
         log.warning("lease lost: %s", reason, extra=self._extra())
         self.ctx.metrics.leases_lost.inc()
-        self._lost, self.state = True, "lost"
         if self._child is not None:
             self._child.signal(signal.SIGKILL)
-        self.request_stop(reason, 0.0, release=False)
 
     async def fence(self, deadline: float) -> None:
         child = self._child
@@ -133,10 +143,10 @@ class ShardRunner:
             child is not None
             and self._child_started
             and child.returncode is None
-            and not self._lost
+            and self.state is not RunnerState.LOST
         ):
             # A child that is exiting cannot take the fence; the runner sees EOF and wait().
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            with contextlib.suppress(PipeClosed):
                 await child.send(p.Fence(deadline=deadline))
 
     async def run(self) -> None:
@@ -147,16 +157,19 @@ class ShardRunner:
             cfg.restart_reset_after,
             max_restarts=cfg.max_restarts,
             window=cfg.restart_window,
+            rng=random.random,
         )
         try:
-            while not self._stop.is_set() and self.ctx.lease.is_valid(self.ctx.now()):
+            while not self.state.leaving and self.ctx.lease.is_valid(self.ctx.now()):
+                if self.state is RunnerState.BACKOFF:
+                    self._event(RunnerEvent.RESTART)
                 policy.child_started(self.ctx.now())
                 code = await self._run_child_once()
-                if self._stop.is_set():
+                if self.state.leaving:
                     break
                 decision = policy.child_crashed(self.ctx.now())
                 self.restarts += 1
-                self.ctx.metrics.restarts.labels(_restart_reason(code, self._exit_reason)).inc()
+                self.ctx.metrics.restarts.labels(restart_reason(code, self._exit_reason)).inc()
                 if decision.crash_loop:
                     self.ctx.metrics.quarantines.inc()
                     log.error(
@@ -165,48 +178,50 @@ class ShardRunner:
                         cfg.restart_window,
                         extra=self._extra(code=code),
                     )
-                    self.crash_looped = True
+                    self._event(RunnerEvent.CRASH_LOOP)
                     break
-                self.state = "backoff"
+                self._event(RunnerEvent.CHILD_EXITED)
                 log.warning(
                     "child exited with %s (%s); restarting in %.3fs",
                     code,
-                    self._exit_reason or _describe_exit(code),
+                    self._exit_reason or describe_exit(code),
                     decision.delay,
                     extra=self._extra(),
                 )
                 with trio.move_on_after(decision.delay):
-                    await self._stop.wait()
+                    await self._leaving.wait()
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish()
 
     async def _finish(self) -> None:
-        if self._lost or not self._release:
-            self.state = "lost" if self._lost else "stopped"
-            return
+        if self.state is RunnerState.LOST:
+            return  # nothing more is written: the lease belongs to someone else
+        quarantined = self.crash_looped
+        stop = self._stop
+        successor = stop.successor if stop is not None and not quarantined else ""
         with trio.move_on_after(RELEASE_TIMEOUT) as scope:
-            await self._release_lease()
+            await self._release_lease(quarantined, successor)
         if scope.cancelled_caught:
             log.error("release timed out; peers take over at lease expiry", extra=self._extra())
-        self.state = "quarantined" if self.crash_looped else "stopped"
+        self._event(RunnerEvent.RELEASED)
         now = self.ctx.now()
-        handover = now - (self._stop_requested_at or now)
-        reason = "crash loop" if self.crash_looped else (self._stop_reason or "lease ended")
+        handover = now - (stop.at if stop is not None else now)
+        reason = "crash loop" if quarantined else (stop.reason if stop else "lease ended")
         self.ctx.metrics.releases.labels(reason).inc()
-        if self._stop_requested_at is not None and not self.crash_looped:
+        if stop is not None and not quarantined:
             self.ctx.metrics.handoff.observe(handover)
         log.info(
             "%s: handed over in %.3fs (held %.1fs, reason %s, successor %s)",
-            "quarantined" if self.crash_looped else "released",
+            "quarantined" if quarantined else "released",
             handover,
             now - self.taken_at,
             reason,
-            self.successor or "any",
+            successor or "any",
             extra=self._extra(checkpoint=self.checkpoint),
         )
 
-    async def _release_lease(self) -> None:
+    async def _release_lease(self, quarantined: bool, successor: str) -> None:
         while True:
             try:
                 await self.ctx.store.release(
@@ -214,8 +229,8 @@ class ShardRunner:
                     self.ctx.worker_id,
                     self.epoch,
                     self.checkpoint,
-                    state="quarantined" if self.crash_looped else "released",
-                    successor="" if self.crash_looped else self.successor,
+                    state="quarantined" if quarantined else "released",
+                    successor=successor,
                 )
                 return
             except LeaseConflict:
@@ -227,7 +242,7 @@ class ShardRunner:
 
     async def _run_child_once(self) -> int | None:
         child, outputs = await self.ctx.spawn(self.shard_id)
-        self._child, self._child_stopped, self._child_started = child, False, False
+        self._child, self._child_started = child, False
         self._ready, self._exit_reason = False, ""
         self._counted = {}  # a new child counts from zero
         try:
@@ -241,6 +256,7 @@ class ShardRunner:
                 except (
                     ChildGone,
                     p.ProtocolError,
+                    PipeClosed,  # it no longer reads: it died before or during the start
                     trio.BrokenResourceError,
                     trio.TooSlowError,  # no hello in time: a crash, not the supervisor's end
                 ) as exc:
@@ -316,14 +332,13 @@ class ShardRunner:
             self._count_streams(msg.streams)
         elif isinstance(msg, p.Ready):
             self._ready = True
-            self.state = "running" if not self._stop.is_set() else self.state
+            self._event(RunnerEvent.CHILD_READY)
             log.info("child ready", extra=self._extra(pid=self._child and self._child.pid))
         elif isinstance(msg, p.Checkpoint):
             self.written = msg.written
             await self._write_checkpoint(msg.checkpoint)
         elif isinstance(msg, p.Stopped):
             self.written, self.checkpoint = msg.written, dict(msg.checkpoint)
-            self._child_stopped = True
         elif isinstance(msg, p.Error):
             level = logging.ERROR if msg.fatal else logging.WARNING
             log.log(level, "child reports: %s", msg.message, extra=self._extra())
@@ -343,7 +358,7 @@ class ShardRunner:
     async def _write_checkpoint(self, checkpoint: dict[str, int]) -> None:
         """The child reports only what its sink flushed, so storing it never runs ahead."""
         self.checkpoint = dict(checkpoint)
-        if self._lost or checkpoint == self._stored:
+        if self.state is RunnerState.LOST or checkpoint == self._stored:
             return
         try:
             await self.ctx.store.checkpoint(
@@ -376,14 +391,15 @@ class ShardRunner:
         child.signal(signal.SIGKILL)
 
     async def _stop_watcher(self, child: ChildHandle) -> None:
-        await self._stop.wait()
-        if self._lost:
+        await self._leaving.wait()
+        stop = self._stop
+        if self.state is RunnerState.LOST or stop is None:
             child.signal(signal.SIGKILL)
             return
-        grace = self._stop_grace
+        grace = stop.grace
         try:
-            await child.send(p.Stop(reason=self._stop_reason, deadline=self.ctx.now() + grace))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await child.send(p.Stop(reason=stop.reason, deadline=self.ctx.now() + grace))
+        except PipeClosed:
             return
         await trio.sleep(grace)
         log.warning("child missed its stop deadline: SIGTERM", extra=self._extra(pid=child.pid))
@@ -394,32 +410,3 @@ class ShardRunner:
 
     def _extra(self, **more: Any) -> dict[str, Any]:
         return {"shard": self.shard_id, "epoch": self.epoch, **more}
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return {
-        1: "error",
-        2: "protocol error",
-        3: "fence deadline passed",
-        4: "sink failed (handler crash or delivery given up)",
-        5: "sink could not be set up",
-    }.get(code, "crash")
-
-
-def _restart_reason(code: int | None, known: str) -> str:
-    """A small fixed set of labels: hang, fence, protocol, sink, sink_setup, signal, error."""
-    if known:
-        return known
-    labels = {2: "protocol", 3: "fence", 4: "sink", 5: "sink_setup"}
-    if code in labels:
-        return labels[code]
-    if code is not None and code < 0:
-        return "signal"
-    return "error"

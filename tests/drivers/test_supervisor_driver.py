@@ -21,6 +21,7 @@ from supervisor.config.model import (
     SupervisorConfig,
     WorkerConfig,
 )
+from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle
 from supervisor.drivers.daemon import Supervisor
 from supervisor.drivers.shard_runner import HELLO_TIMEOUT
 
@@ -159,7 +160,22 @@ async def _frozen(sent: float) -> None:
     await trio.lowlevel.checkpoint()
 
 
-async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock):
+def record_lifecycles(monkeypatch) -> list[tuple[str, str]]:
+    """(event, new state) of every runner's lifecycle table, in order."""
+    steps: list[tuple[str, str]] = []
+    process = RunnerLifecycle.process
+
+    def recording(self: RunnerLifecycle, event: RunnerEvent) -> bool:
+        changed = process(self, event)
+        steps.append((event.value, self.state.value))
+        return changed
+
+    monkeypatch.setattr(RunnerLifecycle, "process", recording)
+    return steps
+
+
+async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock, monkeypatch):
+    steps = record_lifecycles(monkeypatch)
     h = Harness(shards=1)
     h.crashing.add("s0")
     sup = h.supervisor("w1")
@@ -170,6 +186,11 @@ async def test_a_crash_looping_shard_is_released_and_left_alone(autojump_clock):
                 await trio.sleep(0.01)
         released = trio.current_time()
         assert len(h.children) == 6  # the first start and 5 restarts, then released
+        crash = [("child_ready", "running"), ("child_exited", "backoff"), ("restart", "starting")]
+        last = [("child_ready", "running"), ("crash_loop", "quarantined")]
+        assert steps == crash * 5 + last + [("released", "quarantined")]
+        assert (await h.store.snapshot()).shards[0].state == "quarantined"
+        steps.clear()
         await trio.sleep(DURATION - RECONCILE - 0.1)
         assert (await h.owners())["s0"] == ("", 1)  # cooling down here: another host may try
         with trio.fail_after(2 * RECONCILE + 0.2):
@@ -298,3 +319,26 @@ async def test_reload_restarts_only_changed_shards_adds_and_hands_off_removed(au
         assert sup.runners["s1"].shard == changed
         assert "s2" not in sup.runners
         sup.request_shutdown()
+
+
+class SlowHeartbeats(MemoryLeaseStore):
+    """Each heartbeat lands ``delay`` after it was sent, even when its caller gives up (as the
+    DynamoDB store's abandoned request thread does)."""
+
+    delay = 0.5
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(self.delay)
+            return await super().heartbeat(worker_id, session, state, wall_now)
+
+
+async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopped(autojump_clock):
+    h = Harness(shards=1)
+    h.store = SlowHeartbeats(table_exists=True)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(2 * HEARTBEAT + 0.1)  # the heartbeat sent at 4.0 lands at 4.5
+        sup.request_shutdown()  # the drain ends (and retires us) well before 4.5
+    assert [w.state for w in await h.store.read_workers()] == ["stopped"]

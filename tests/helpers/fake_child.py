@@ -13,6 +13,7 @@ import signal
 import attrs
 import trio
 
+from shard_worker.adapters.pipes import PipeClosed
 from shard_worker.contract import pipe as p
 
 _pids = itertools.count(10_000)
@@ -46,7 +47,7 @@ class FakeChild:
     async def send(self, msg: p.Message) -> None:
         await trio.lowlevel.checkpoint()
         if self.returncode is not None:
-            raise trio.BrokenResourceError("child exited")
+            raise PipeClosed("child exited")  # as the real pipe adapter says it
         if isinstance(msg, p.Start):
             self._start, self._fence = msg, msg.fence_deadline
             self._seq = max(msg.checkpoint.values(), default=0)

@@ -1,0 +1,132 @@
+"""The reconcile round's policy: when to read the whole table, and which of the planner's
+decisions to act on now (the warm-up gate). Also which hand-offs the hand-off poll takes.
+
+The driver (``supervisor.drivers.daemon``) observes the store and its runners, asks these
+functions, and acts. Pure and clock-injected: ``now`` is always a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+import attrs
+
+from supervisor.core.items import VacantShard, WorkerItem
+from supervisor.core.planner import Plan, Take
+from supervisor.core.runner_state import HeldShard
+
+
+def accepting(*, shutting_down: bool, operator_drain: bool, lease_valid: bool) -> bool:
+    """Whether this worker takes shards now: not stopping, not drained, its own lease valid."""
+    return not shutting_down and not operator_drain and lease_valid
+
+
+# --- when to scan the whole table ---------------------------------------------------------------
+
+
+def round_signature(
+    me: str,
+    membership: frozenset[tuple[str, str]],
+    vacant: Iterable[VacantShard],
+    workers: Iterable[WorkerItem],
+) -> tuple[object, ...]:
+    """What a cheap round (worker items and vacant shards only) compares with the last one:
+    who is live, alive or dead; which shards are vacant; our own mailbox (operator pokes)."""
+    mine = next((w for w in workers if w.id == me), None)
+    return (membership, tuple(vacant), mine.mailbox if mine else -1)
+
+
+@attrs.define
+class ScanSchedule:
+    """Decides when a round reads the whole table instead of only the workers and vacant shards:
+    at start, after our own takes and releases, when the signature changes (a worker joins,
+    leaves or dies, the vacant shards change, someone pokes our mailbox), and at least every
+    ``full_scan_interval``. A steady fleet then reads O(workers) per round."""
+
+    full_scan_interval: float
+    _rescan: bool = True  # nothing scanned yet
+    _scanned_at: float = float("-inf")
+    _seen: object = None
+
+    def invalidate(self) -> None:
+        """Our own leases changed (a take, a runner ended, a reload): scan next round."""
+        self._rescan = True
+
+    def due(self, signature: object, now: float) -> bool:
+        return (
+            self._rescan
+            or signature != self._seen
+            or now - self._scanned_at >= self.full_scan_interval
+        )
+
+    def scanned(self, now: float) -> None:
+        """A full scan finished at ``now``."""
+        self._scanned_at = now
+        self._rescan = False
+
+    def saw(self, signature: object) -> None:
+        """The signature this round ended with (the next round compares against it)."""
+        self._seen = signature
+
+
+# --- which of the plan to act on --------------------------------------------------------------
+
+
+def warmed_up(now: float, registered_at: float, lease_duration: float) -> bool:
+    """A worker that has watched its peers for less than a lease duration may still count a
+    dead one as live, so its target is too low: until then it takes, but sheds nothing, and it
+    does not retake shards still owned by an earlier incarnation of its own id (whose child may
+    be alive, frozen, and writing up to its fence: that fence ends within a lease duration of
+    our registration, as for any dead owner's shards)."""
+    return now - registered_at >= lease_duration
+
+
+@attrs.frozen
+class RoundActions:
+    """What the driver does with one round's plan, in this order."""
+
+    lose: tuple[str, ...] = ()  # kill the child at once, write nothing more
+    shed: tuple[str, ...] = ()  # hand off gracefully, for balance
+    take: tuple[Take, ...] = ()  # try, while our own lease stays valid
+
+
+def act_on_plan(
+    plan: Plan, *, me: str, scanned: bool, warm: bool, held: Mapping[str, HeldShard]
+) -> RoundActions:
+    """The plan, gated. "Lost" needs a fresh view of our own items, so only a round that scanned
+    acts on it (between scans our fenced checkpoint writes find a lost lease anyway), and a shard
+    already on its way out (retired, removed) stops gracefully instead. Sheds and retakes of our
+    own earlier shards wait for the warm-up (``warmed_up``)."""
+    lose = tuple(sid for sid in plan.lost if sid in held and held[sid].state.serving)
+    return RoundActions(
+        lose=lose if scanned else (),
+        shed=plan.shed if warm else (),
+        take=tuple(t for t in plan.take if warm or t.expected_owner != me),
+    )
+
+
+def take_source(expected_owner: str, me: str) -> str:
+    """The takes metric's label: from nobody, from a dead peer, or from our own earlier self."""
+    if expected_owner == me:
+        return "own"
+    return "dead-owner" if expected_owner else "unowned"
+
+
+def handoff_takes(
+    vacant: Sequence[VacantShard], me: str, runnable: Collection[str]
+) -> list[VacantShard]:
+    """The shards a hand-off poll takes: released naming us as successor, and ours to run.
+    (The driver checks per take that it still accepts: a stop may land while a take runs.)"""
+    return [shard for shard in vacant if shard.successor == me and shard.id in runnable]
+
+
+__all__ = [
+    "RoundActions",
+    "ScanSchedule",
+    "accepting",
+    "act_on_plan",
+    "handoff_takes",
+    "round_signature",
+    "take_source",
+    "warmed_up",
+]

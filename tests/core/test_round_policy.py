@@ -1,0 +1,135 @@
+"""The reconcile round's policy without I/O: when to scan, the warm-up gate, the plan's gating,
+and the hand-off poll's filter. Exact values, no clock but the ``now`` passed in."""
+
+from __future__ import annotations
+
+from helpers.fake_runner import FakeRunner as Runner
+
+from supervisor.core.items import VacantShard, WorkerItem
+from supervisor.core.planner import Plan, Take
+from supervisor.core.round_policy import (
+    RoundActions,
+    ScanSchedule,
+    accepting,
+    act_on_plan,
+    handoff_takes,
+    round_signature,
+    take_source,
+    warmed_up,
+)
+from supervisor.core.runner_state import RunnerState
+
+
+def worker(wid: str, mailbox: int = 0) -> WorkerItem:
+    return WorkerItem(wid, "sess", 1, "running", 0.0, 0.0, mailbox=mailbox)
+
+
+LIVE = frozenset({("me", "live"), ("w2", "live")})
+
+
+def test_accepting_needs_no_shutdown_no_drain_and_a_valid_lease():
+    assert accepting(shutting_down=False, operator_drain=False, lease_valid=True)
+    assert not accepting(shutting_down=True, operator_drain=False, lease_valid=True)
+    assert not accepting(shutting_down=False, operator_drain=True, lease_valid=True)
+    assert not accepting(shutting_down=False, operator_drain=False, lease_valid=False)
+
+
+def test_the_signature_is_membership_vacant_shards_and_our_mailbox():
+    vacant = [VacantShard("s1", 3, "w2")]
+    sig = round_signature("me", LIVE, vacant, [worker("w2", 9), worker("me", 4)])
+    assert sig == (LIVE, (VacantShard("s1", 3, "w2"),), 4)
+    assert round_signature("me", LIVE, (), [worker("w2", 9)]) == (LIVE, (), -1)  # not listed
+
+
+def test_the_first_round_scans_then_only_changes_or_the_interval_do():
+    scans = ScanSchedule(full_scan_interval=60.0)
+    sig = round_signature("me", LIVE, (), [worker("me")])
+    assert scans.due(sig, now=0.0)  # never scanned
+    scans.scanned(0.0)
+    scans.saw(sig)
+    assert not scans.due(sig, now=2.0)
+    assert not scans.due(sig, now=59.999)
+    assert scans.due(sig, now=60.0)  # full_scan_interval, to the second
+
+
+def test_a_changed_signature_means_a_scan():
+    scans = ScanSchedule(full_scan_interval=60.0)
+    scans.scanned(0.0)
+    scans.saw(round_signature("me", LIVE, (), [worker("me")]))
+    poked = round_signature("me", LIVE, (), [worker("me", mailbox=1)])
+    joined = round_signature("me", LIVE | {("w3", "live")}, (), [worker("me")])
+    vacated = round_signature("me", LIVE, [VacantShard("s1", 2)], [worker("me")])
+    assert scans.due(poked, now=1.0)
+    assert scans.due(joined, now=1.0)
+    assert scans.due(vacated, now=1.0)
+
+
+def test_our_own_changes_invalidate_until_the_next_scan():
+    scans = ScanSchedule(full_scan_interval=60.0)
+    sig = round_signature("me", LIVE, (), [])
+    scans.scanned(0.0)
+    scans.saw(sig)
+    scans.invalidate()  # a take, a runner that ended, a reload
+    assert scans.due(sig, now=1.0)
+    scans.scanned(1.0)
+    assert not scans.due(sig, now=2.0)
+
+
+def test_the_warm_up_lasts_exactly_one_lease_duration():
+    assert not warmed_up(now=109.999, registered_at=100.0, lease_duration=10.0)
+    assert warmed_up(now=110.0, registered_at=100.0, lease_duration=10.0)
+    assert not warmed_up(now=1e9, registered_at=float("inf"), lease_duration=10.0)  # unregistered
+
+
+PLAN = Plan(
+    take=(Take("t1", "", 0), Take("t2", "me", 4), Take("t3", "dead", 2)),
+    lost=("l1", "l2", "l3"),
+    shed=("s1", "s2"),
+)
+HELD = {
+    "l1": Runner(state=RunnerState.RUNNING),
+    "l2": Runner(state=RunnerState.STOPPING),  # retired or removed: stops gracefully
+    "l3": Runner(state=RunnerState.BACKOFF),
+    "s1": Runner(),
+    "s2": Runner(),
+}
+
+
+def test_a_warm_worker_that_scanned_acts_on_the_whole_plan():
+    actions = act_on_plan(PLAN, me="me", scanned=True, warm=True, held=HELD)
+    assert actions == RoundActions(lose=("l1", "l3"), shed=("s1", "s2"), take=PLAN.take)
+
+
+def test_a_cold_worker_sheds_nothing_and_leaves_its_own_earlier_shards_alone():
+    actions = act_on_plan(PLAN, me="me", scanned=True, warm=False, held=HELD)
+    assert actions == RoundActions(
+        lose=("l1", "l3"), shed=(), take=(Take("t1", "", 0), Take("t3", "dead", 2))
+    )
+
+
+def test_lost_needs_a_fresh_scan():
+    actions = act_on_plan(PLAN, me="me", scanned=False, warm=True, held=HELD)
+    assert actions.lose == ()
+    assert actions.shed == ("s1", "s2")
+
+
+def test_quarantined_or_lost_runners_are_not_lost_again():
+    held = {"l1": Runner(state=RunnerState.QUARANTINED), "l2": Runner(state=RunnerState.LOST)}
+    plan = Plan(lost=("l1", "l2"))
+    assert act_on_plan(plan, me="me", scanned=True, warm=True, held=held).lose == ()
+
+
+def test_the_hand_off_poll_takes_only_what_names_us_and_we_may_run():
+    vacant = [
+        VacantShard("a", 1, "me"),
+        VacantShard("b", 2, "w2"),  # handed to a peer
+        VacantShard("c", 3, "me"),  # not ours to run (removed from our config)
+        VacantShard("d", 4, ""),  # released to anyone: the reconcile round decides
+    ]
+    assert handoff_takes(vacant, "me", {"a", "b", "d"}) == [VacantShard("a", 1, "me")]
+
+
+def test_where_a_take_came_from():
+    assert take_source("", "me") == "unowned"
+    assert take_source("w2", "me") == "dead-owner"
+    assert take_source("me", "me") == "own"  # our id's earlier incarnation
