@@ -5,7 +5,7 @@ lease duration (docs/lease-protocol.md, "Time to take over").
 The two writes are the table contract's builders (``shard_worker.contract.table``), the same
 the supervisor's store sends. boto3 is imported here only when a will runs (it costs ~0.2 s;
 only a child whose supervisor died pays for it), in a worker thread like each request. Short
-timeouts, one retry at most; the caller bounds the whole will, after which the lease simply
+timeouts, two retries at most; the caller bounds the whole will, after which the lease simply
 expires as it would have.
 """
 
@@ -21,9 +21,10 @@ from shard_worker.adapters.log import Log
 from shard_worker.contract import table
 from shard_worker.contract.pipe import LastWill
 
+# As the supervisor's store: a store that does not answer within seconds is as good as down.
 CONNECT_TIMEOUT = 1.0
-READ_TIMEOUT = 2.0
-MAX_ATTEMPTS = 2  # botocore's "standard" retries: the first attempt and one retry
+READ_TIMEOUT = 3.0
+MAX_ATTEMPTS = 3  # botocore's "standard" retries: the first attempt and two retries
 
 
 class Superseded(Exception):
