@@ -984,7 +984,15 @@ def _item_size(item: dict[str, Any]) -> int:
 
 
 def item_sizes(fleet: Fleet) -> dict[str, float]:
-    client = fleet.store._client  # a raw scan: the items as stored
+    import boto3
+
+    from shard_worker.contract.table import LOCAL_CREDENTIALS
+
+    # A raw scan (the items as stored), on a client of its own: the store keeps boto3's to itself.
+    store = fleet.store
+    client = boto3.client(
+        "dynamodb", region_name=store.region, endpoint_url=store.endpoint, **LOCAL_CREDENTIALS
+    )
     items = client.scan(TableName=fleet.table, ConsistentRead=True).get("Items", [])
     workers = [_item_size(i) for i in items if i.get("kind", {}).get("S") == "worker"]
     shards = [_item_size(i) for i in items if i.get("kind", {}).get("S") == "shard"]

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from shard_worker.adapters.last_will import give_last_will
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
@@ -175,30 +176,15 @@ async def _last_will(start: Start, checkpoint: dict[str, int], log: Log) -> None
     if will is None:
         return
     with trio.move_on_after(LAST_WILL_TIMEOUT) as scope:
-        try:
-            # Lazy: boto3 costs ~0.2 s to import; only a child whose supervisor died needs it.
-            from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError
-            from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
-        except ImportError as exc:
-            log.warning(f"last will unavailable: {exc}")
-            return
-        store = DynamoLeaseStore(will.table, will.region, will.endpoint_url, max_concurrency=2)
-        wall = time.time()
-        try:
-            await store.release(start.shard, start.worker, start.epoch, checkpoint, "last-will")
-        except LeaseConflict:
-            log.info("last will: the shard has moved on already")
-        except LeaseStoreError as exc:
-            log.warning(f"last will: release failed: {exc}")
-        else:
-            log.info(f"last will: released at epoch {start.epoch}")
-        if will.session:
-            try:
-                await store.mark_orphaned(start.worker, will.session, wall)
-            except LeaseConflict:
-                pass  # a sibling did it, or the supervisor came back as a new session
-            except LeaseStoreError as exc:
-                log.warning(f"last will: could not mark the supervisor orphaned: {exc}")
+        await give_last_will(
+            will,
+            shard=start.shard,
+            worker=start.worker,
+            epoch=start.epoch,
+            checkpoint=checkpoint,
+            wall_now=time.time(),
+            log=log,
+        )
     if scope.cancelled_caught:
         log.warning(f"last will: no answer within {LAST_WILL_TIMEOUT:g}s")
 

@@ -21,6 +21,7 @@ from supervisor.adapters.lease_store.base import (
     TableMissing,
 )
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+from supervisor.adapters.lease_store.dynamodb.client import DynamoClient, TableInUse
 from supervisor.core.items import WorkerItem
 
 REGION = "us-east-1"
@@ -155,14 +156,15 @@ def client_error(code: str, status: int = 400) -> ClientError:
         (client_error("InternalServerError", 500), StoreUnavailable),
         (client_error("ServiceUnavailable", 503), StoreUnavailable),
         (client_error("ValidationException"), LeaseStoreError),
+        (client_error("ResourceInUseException"), TableInUse),
         (EndpointConnectionError(endpoint_url="http://x"), StoreUnavailable),
         (ReadTimeoutError(endpoint_url="http://x"), StoreUnavailable),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else v.__name__,
 )
 def test_errors_map_to_the_store_errors(exc: Exception, expected: type[Exception]) -> None:
-    store = DynamoLeaseStore("t", REGION, "http://127.0.0.1:9")
-    error = store._translate("take", exc)  # type: ignore[arg-type]
+    client = DynamoClient("t", REGION, "http://127.0.0.1:9", max_concurrency=1)
+    error = client.translate("take", exc)  # type: ignore[arg-type]
     assert type(error) is expected
     if expected is not LeaseConflict:  # a conflict is routine: no need to say where
         assert "127.0.0.1:9" in str(error)

@@ -52,7 +52,8 @@ TABLE_DOC = ROOT / "docs" / "dynamodb-table.md"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 CFN_TEMPLATE = ROOT / "conf" / "dynamodb-table.cfn.yaml"
 EXAMPLE_CONFIG = ROOT / "conf" / "shardvisor.example.toml"
-DYNAMO_STORE = ROOT / "supervisor" / "adapters" / "lease_store" / "dynamodb.py"
+DYNAMO_STORE = ROOT / "supervisor" / "adapters" / "lease_store" / "dynamodb"  # a package
+LAST_WILL = ROOT / "shard_worker" / "adapters" / "last_will.py"  # a child's two writes
 
 VENV_BIN = "/opt/shardvisor/venv/bin/shardvisor"
 CONFIG_PATH = "/etc/shardvisor/shardvisor.toml"
@@ -175,9 +176,13 @@ def container(task_definition: dict[str, Any]) -> dict[str, Any]:
 
 
 def store_api_calls() -> dict[str, str]:
-    """Every DynamoDB API the store calls: {method name: API operation name}."""
-    source = DYNAMO_STORE.read_text()
-    methods = set(re.findall(r"self\._client\.([a-z_]+)", source)) - NOT_API_CALLS
+    """Every DynamoDB API the store or a child's last will calls: {method name: API operation
+    name}. The store calls them by name through ``DynamoClient.request(op, "api", ...)``, the
+    last will on boto3's ``client`` itself."""
+    sources = [*sorted(DYNAMO_STORE.glob("*.py")), LAST_WILL]
+    source = "\n".join(path.read_text() for path in sources)
+    methods = set(re.findall(r"\.request\(\s*[^,()]+,\s*[\"']([a-z_]+)[\"']", source))
+    methods |= set(re.findall(r"\bclient\.([a-z_]+)", source)) - NOT_API_CALLS
     methods |= set(re.findall(r"get_(?:paginator|waiter)\(\s*[\"']([a-z_]+)", source))
     client = botocore.session.get_session().create_client("dynamodb", region_name="us-east-1")
     mapping = client.meta.method_to_api_mapping

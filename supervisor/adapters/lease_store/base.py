@@ -1,6 +1,6 @@
 """The lease store's interface: what the supervisor needs from DynamoDB, and nothing more.
 
-Two implementations: ``dynamo_store.DynamoLeaseStore`` (boto3) and ``memory_store.MemoryLeaseStore``
+Two implementations: ``dynamodb.DynamoLeaseStore`` (boto3) and ``memory.MemoryLeaseStore``
 (an in-memory twin with the same conditional semantics, for driver tests under a fake clock).
 Every method maps store failures to the errors below, so the drivers never see botocore.
 See docs/lease-protocol.md for the items and the conditions.

@@ -1,0 +1,182 @@
+"""The lease table's contract: item keys, attribute names, and the writes both processes make.
+
+The supervisor's store (``supervisor/adapters/lease_store/dynamodb/``) and a child whose
+supervisor died (``shard_worker/adapters/last_will.py``) write the same items, so the key
+format, the attribute names and the fenced release are spelled here once. Pure: it builds the
+parameters of DynamoDB's low-level client (AttributeValues such as ``{"S": "x"}``) and imports
+only attrs and the standard library. See docs/dynamodb-table.md and docs/lease-protocol.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+AttributeValue = dict[str, Any]  # as the low-level client speaks: {"S": "x"}, {"N": "1"}
+Item = dict[str, AttributeValue]
+
+# --- keys and attribute names --------------------------------------------------------------
+
+PK = "pk"  # the only key: "shard#<id>" or "worker#<id>"
+KIND_SHARD, KIND_WORKER = "shard", "worker"  # the pk's prefix and the item's `kind`
+
+# Both kinds of item.
+KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
+# Shard items.
+OWNER, EPOCH, CHECKPOINT, OWNER_SINCE = "owner", "epoch", "checkpoint", "owner_since"
+SUCCESSOR, RELEASE_REQUESTED = "successor", "release_requested"
+SPEC, REGISTERED_AT, RETIRED_AT = "spec", "registered_at", "retired_at"
+# Worker items.
+SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT = "session", "counter", "heartbeat_at", "started_at"
+HOST, PID, MAX_SHARDS = "host", "pid", "max_shards"
+DRAIN_REQUESTED, MAILBOX, ORPHANED_AT = "drain_requested", "mailbox", "orphaned_at"
+
+SHARD_ATTRIBUTES = frozenset(
+    {KIND, ID, STATE, ROSTER, OWNER, EPOCH, CHECKPOINT, OWNER_SINCE, SUCCESSOR}
+    | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT}
+)
+WORKER_ATTRIBUTES = frozenset(
+    {KIND, ID, STATE, ROSTER, SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT, HOST, PID}
+    | {MAX_SHARDS, DRAIN_REQUESTED, MAILBOX, ORPHANED_AT}
+)
+ATTRIBUTES = SHARD_ATTRIBUTES | WORKER_ATTRIBUTES
+
+# `roster` puts an item in the sparse index of that name: every worker, and unowned shards.
+ROSTER_WORKER, ROSTER_VACANT = "worker", "vacant"
+
+# The states the contract's writes set or test.
+RELEASED, LAST_WILL = "released", "last-will"  # a shard released by its owner / by its child
+ORPHANED, STOPPED = "orphaned", "stopped"  # a worker whose child saw it die / that exited
+
+# A local DynamoDB server (moto, dynalite) checks that a request is signed, not by whom: both
+# processes sign with these when boto3 finds no credentials and an endpoint URL is set.
+LOCAL_CREDENTIALS: Mapping[str, str] = MappingProxyType(
+    {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
+)
+
+# The fence: an owner's write lands only while the item still names it at its epoch.
+OWNED_AT_EPOCH = "#owner = :me AND #epoch = :epoch"
+
+
+# --- AttributeValues -----------------------------------------------------------------------
+
+
+def string(value: str) -> AttributeValue:
+    return {"S": value}
+
+
+def number(value: float) -> AttributeValue:
+    """An exact decimal: ints as they are, floats by repr (shortest round-trip form)."""
+    return {"N": str(value) if isinstance(value, int) else repr(float(value))}
+
+
+def checkpoint_value(checkpoint: Mapping[str, int]) -> AttributeValue:
+    """Stream id -> last sequence written, as a map of numbers."""
+    return {"M": {stream: {"N": str(int(pos))} for stream, pos in checkpoint.items()}}
+
+
+def shard_key(shard_id: str) -> Item:
+    return {PK: string(f"{KIND_SHARD}#{shard_id}")}
+
+
+def worker_key(worker_id: str) -> Item:
+    return {PK: string(f"{KIND_WORKER}#{worker_id}")}
+
+
+_NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expression_names(*expressions: str) -> dict[str, str]:
+    """ExpressionAttributeNames for every ``#name`` in the expressions (``owner``, ``state``...
+    are reserved words, so every attribute is named this way). A name that is not an
+    attribute of the table is a typo: ValueError, before anything is sent."""
+    names: dict[str, str] = {}
+    for expression in expressions:
+        for name in _NAME.findall(expression):
+            if name not in ATTRIBUTES:
+                raise ValueError(f"#{name} in {expression!r} is not an attribute of the table")
+            names[f"#{name}"] = name
+    return names
+
+
+def fence_values(owner: str, epoch: int) -> dict[str, AttributeValue]:
+    """The values of ``OWNED_AT_EPOCH``."""
+    return {":me": string(owner), ":epoch": number(epoch)}
+
+
+# --- writes ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class UpdateItem:
+    """One conditional UpdateItem; ``params(table)`` gives the low-level client's arguments,
+    with the attribute names taken from the expressions."""
+
+    key: Item
+    update: str
+    condition: str
+    values: Mapping[str, AttributeValue]
+    returns: str = ""  # ReturnValues ("ALL_NEW", "UPDATED_NEW"); "" = none
+
+    def params(self, table: str) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "TableName": table,
+            "Key": self.key,
+            "UpdateExpression": self.update,
+            "ConditionExpression": self.condition,
+            "ExpressionAttributeNames": expression_names(self.update, self.condition),
+            "ExpressionAttributeValues": dict(self.values),
+        }
+        if self.returns:
+            params["ReturnValues"] = self.returns
+        return params
+
+
+def release_shard(
+    shard_id: str,
+    owner: str,
+    epoch: int,
+    checkpoint: Mapping[str, int],
+    state: str = RELEASED,
+    successor: str = "",
+) -> UpdateItem:
+    """Give the shard up with its final checkpoint, fenced on owner and epoch. The epoch stays
+    (the next take bumps it, so it is never reused); ``roster`` puts the shard back among the
+    vacant ones; a named ``successor`` takes it first. ``state``: released, quarantined, or
+    last-will (released by the child of a dead supervisor)."""
+    values = {
+        ":vacant": string(ROSTER_VACANT),
+        ":cp": checkpoint_value(checkpoint),
+        ":released": string(state),
+        **fence_values(owner, epoch),
+    }
+    if successor:
+        values[":successor"] = string(successor)
+    update = (
+        "SET #checkpoint = :cp, #state = :released, #roster = :vacant"
+        + (", #successor = :successor" if successor else "")
+        + " REMOVE #owner, #release_requested"
+        + ("" if successor else ", #successor")
+    )
+    return UpdateItem(shard_key(shard_id), update, OWNED_AT_EPOCH, values)
+
+
+def mark_orphaned(worker_id: str, session: str, wall_now: float) -> UpdateItem:
+    """The worker item of a supervisor whose children saw it die: ``orphaned``, if it still
+    carries that supervisor's session and did not exit cleanly (``stopped``). Peers stop
+    counting it as a member at once; its next heartbeat, if any, sets it running again."""
+    return UpdateItem(
+        worker_key(worker_id),
+        "SET #state = :orphaned, #orphaned_at = :now",
+        "#session = :session AND #state <> :stopped",
+        {
+            ":orphaned": string(ORPHANED),
+            ":now": number(wall_now),
+            ":session": string(session),
+            ":stopped": string(STOPPED),
+        },
+    )

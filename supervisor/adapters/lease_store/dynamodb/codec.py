@@ -1,0 +1,121 @@
+"""The item codec: WorkerItem / ShardItem / VacantShard <-> DynamoDB AttributeValues. Pure.
+
+Key format and attribute names come from the table's contract (``shard_worker.contract.table``),
+which a child's last will writes with too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from shard_worker.contract import table as t
+from shard_worker.contract.table import Item, checkpoint_value, number, string
+from supervisor.adapters.lease_store.base import LeaseStoreError
+from supervisor.core.items import ShardItem, VacantShard, WorkerItem
+
+
+def _with_strings(item: Item, **strings: str) -> Item:
+    """Add the non-empty strings only: dynalite rejects empty ones, and absent reads back as ""."""
+    item.update({name: string(value) for name, value in strings.items() if value})
+    return item
+
+
+def worker_item(worker: WorkerItem) -> Item:
+    """The whole worker item, as register_worker puts it."""
+    item = {
+        **t.worker_key(worker.id),
+        t.KIND: string(t.KIND_WORKER),
+        t.ID: string(worker.id),
+        t.COUNTER: number(worker.counter),
+        t.HEARTBEAT_AT: number(worker.heartbeat_at),
+        t.STARTED_AT: number(worker.started_at),
+        t.PID: number(worker.pid),
+        t.MAX_SHARDS: number(worker.max_shards),
+        t.MAILBOX: number(worker.mailbox),
+        t.ROSTER: string(t.ROSTER_WORKER),
+    }
+    strings = {t.SESSION: worker.session, t.STATE: worker.state, t.HOST: worker.host}
+    return _with_strings(item, **strings)
+
+
+def new_shard_item(shard_id: str) -> Item:
+    """A shard as it first appears: unowned at epoch 0, no checkpoint, listed as vacant."""
+    return {
+        **t.shard_key(shard_id),
+        t.KIND: string(t.KIND_SHARD),
+        t.ID: string(shard_id),
+        t.EPOCH: number(0),
+        t.CHECKPOINT: checkpoint_value({}),
+        t.ROSTER: string(t.ROSTER_VACANT),
+    }
+
+
+def read_str(item: Item, name: str) -> str:
+    return str(item[name]["S"]) if name in item else ""
+
+
+def read_int(item: Item, name: str) -> int:
+    return int(item[name]["N"]) if name in item else 0
+
+
+def read_float(item: Item, name: str) -> float:
+    return float(item[name]["N"]) if name in item else 0.0
+
+
+@contextlib.contextmanager
+def _decoding(item: Item) -> Iterator[None]:
+    """A malformed item is the store's fault, not a crash of the caller."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError) as exc:
+        raise LeaseStoreError(f"malformed item {item.get(t.PK)!r}: {exc!r}") from exc
+
+
+def worker_from(item: Item) -> WorkerItem:
+    with _decoding(item):
+        return WorkerItem(
+            id=read_str(item, t.ID),
+            session=read_str(item, t.SESSION),
+            counter=read_int(item, t.COUNTER),
+            state=read_str(item, t.STATE),
+            heartbeat_at=read_float(item, t.HEARTBEAT_AT),
+            started_at=read_float(item, t.STARTED_AT),
+            host=read_str(item, t.HOST),
+            pid=read_int(item, t.PID),
+            drain_requested=read_float(item, t.DRAIN_REQUESTED),
+            max_shards=read_int(item, t.MAX_SHARDS),
+            mailbox=read_int(item, t.MAILBOX),
+        )
+
+
+def shard_from(item: Item) -> ShardItem:
+    with _decoding(item):
+        checkpoint = item.get(t.CHECKPOINT, {"M": {}})["M"]
+        return ShardItem(
+            id=read_str(item, t.ID),
+            owner=read_str(item, t.OWNER),
+            epoch=read_int(item, t.EPOCH),
+            checkpoint={stream: int(pos["N"]) for stream, pos in checkpoint.items()},
+            owner_since=read_float(item, t.OWNER_SINCE),
+            state=read_str(item, t.STATE),
+            release_requested=read_float(item, t.RELEASE_REQUESTED),
+            successor=read_str(item, t.SUCCESSOR),
+            spec=read_str(item, t.SPEC),
+            retired_at=read_float(item, t.RETIRED_AT),
+        )
+
+
+def vacant_from(item: Item) -> VacantShard:
+    """An entry of the roster index (its projected attributes only)."""
+    with _decoding(item):
+        return VacantShard(
+            id=read_str(item, t.ID),
+            epoch=read_int(item, t.EPOCH),
+            successor=read_str(item, t.SUCCESSOR),
+        )
+
+
+def kind_of(item: Item) -> str:
+    """``shard``, ``worker``, or something else that shares the table (ignored)."""
+    return read_str(item, t.KIND)

@@ -1,0 +1,350 @@
+"""``DynamoLeaseStore``: the lease operations on one DynamoDB table.
+
+Each operation builds its request from the table's contract and the item codec and sends it
+through ``DynamoClient.request`` (count, bounded concurrency, errors mapped once). The release
+and the mark-orphaned write are the contract's own builders, the ones a child's last will uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from shard_worker.contract import table as t
+from shard_worker.contract.table import (
+    Item,
+    UpdateItem,
+    checkpoint_value,
+    expression_names,
+    number,
+    shard_key,
+    string,
+    worker_key,
+)
+from supervisor.adapters.lease_store.base import (
+    LeaseConflict,
+    LeaseStoreError,
+    StoreUnavailable,
+    WorkerIdTaken,
+)
+from supervisor.adapters.lease_store.dynamodb import admin, codec
+from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
+from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+
+_REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
+_BATCH_GET_KEYS = 100  # BatchGetItem's limit per request
+_BATCH_GET_ROUNDS = 4  # rounds of UnprocessedKeys before giving up (then StoreUnavailable)
+_INDEX_PAGES = 50  # pages of one index query before giving up: a runaway table, not a roster
+
+
+class DynamoLeaseStore:
+    """The LeaseStore on one DynamoDB table (``base.LeaseStore`` says what each method means)."""
+
+    def __init__(
+        self, table: str, region: str, endpoint_url: str = "", *, max_concurrency: int = 8
+    ) -> None:
+        self._db = DynamoClient(table, region, endpoint_url, max_concurrency)
+        self.table = table
+        self.region = region
+        self.endpoint = self._db.endpoint
+
+    def __repr__(self) -> str:
+        return f"DynamoLeaseStore({self.table!r}, {self.region!r}, {self.endpoint!r})"
+
+    @property
+    def request_counts(self) -> collections.Counter[str]:
+        """DynamoDB requests made, per store method (a scan counts one per page)."""
+        return self._db.request_counts
+
+    @property
+    def observer(self) -> Callable[[str, float, str], None] | None:
+        """Called after every request: (operation, seconds, error kind or ""); for metrics."""
+        return self._db.observer
+
+    @observer.setter
+    def observer(self, observer: Callable[[str, float, str], None] | None) -> None:
+        self._db.observer = observer
+
+    async def _update(self, op: str, update: UpdateItem) -> dict[str, Any]:
+        return await self._db.request(op, "update_item", **update.params(self.table))
+
+    # --- table ------------------------------------------------------------------------------
+
+    async def ensure_table(self, create: bool) -> bool:
+        return await admin.ensure_table(self._db, create)
+
+    # --- workers ----------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        for _ in range(_REGISTER_ATTEMPTS):
+            response = await self._db.request(
+                "register_worker",
+                "get_item",
+                TableName=self.table,
+                Key=worker_key(worker.id),
+                ConsistentRead=True,
+            )
+            old = response.get("Item")
+            if old is None:
+                new, condition = worker, {"ConditionExpression": "attribute_not_exists(pk)"}
+            else:
+                # Counters never go backwards: peers watching ours must see it change.
+                counter = max(worker.counter, codec.worker_from(old).counter + 1)
+                new = attrs.evolve(worker, counter=counter)
+                condition = {
+                    "ConditionExpression": "#counter = :old",
+                    "ExpressionAttributeNames": expression_names("#counter = :old"),
+                    "ExpressionAttributeValues": {":old": old.get(t.COUNTER, number(0))},
+                }
+            try:
+                await self._db.request(
+                    "register_worker",
+                    "put_item",
+                    TableName=self.table,
+                    Item=codec.worker_item(new),
+                    **condition,
+                )
+            except LeaseConflict:
+                continue  # a heartbeat of the earlier incarnation came between: read again
+            return new
+        raise LeaseConflict(
+            f"register_worker: worker item {worker.id} kept changing; "
+            f"gave up after {_REGISTER_ATTEMPTS} attempts"
+        )
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+        response = await self._update_own_worker("heartbeat", worker_id, session, state, wall_now)
+        return int(response["Attributes"][t.COUNTER]["N"])
+
+    async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
+        await self._update_own_worker("retire_worker", worker_id, session, t.STOPPED, wall_now)
+
+    async def _update_own_worker(
+        self, op: str, worker_id: str, session: str, state: str, wall_now: float
+    ) -> dict[str, Any]:
+        """Counter + 1 with a new state, if the item still carries our session."""
+        update = UpdateItem(
+            worker_key(worker_id),
+            "SET #counter = #counter + :one, #state = :state, #heartbeat_at = :now",
+            "#session = :session",
+            {
+                ":one": number(1),
+                ":state": string(state),
+                ":now": number(wall_now),
+                ":session": string(session),
+            },
+            returns="UPDATED_NEW",
+        )
+        try:
+            return await self._update(op, update)
+        except LeaseConflict as exc:
+            raise WorkerIdTaken(
+                f"worker item {worker_id} no longer carries session {session} "
+                "(another process registered this worker id, or the item is gone)"
+            ) from exc
+
+    async def request_drain(self, worker_id: str, wall_now: float, *, undo: bool = False) -> None:
+        update = UpdateItem(
+            worker_key(worker_id),
+            "SET #drain_requested = :when",
+            "attribute_exists(pk)",
+            {":when": number(0 if undo else wall_now)},
+        )
+        await self._update("request_drain", update)
+
+    async def request_release(self, shard_id: str, wall_now: float) -> str:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #release_requested = :when",
+            "attribute_exists(#owner)",
+            {":when": number(wall_now)},
+            returns="ALL_NEW",
+        )
+        response = await self._update("request_release", update)
+        return codec.read_str(response["Attributes"], t.OWNER)
+
+    async def poke(self, worker_id: str) -> None:
+        update = UpdateItem(
+            worker_key(worker_id), "ADD #mailbox :one", "attribute_exists(pk)", {":one": number(1)}
+        )
+        await self._update("poke", update)
+
+    async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
+        """A child's last will: our supervisor (this session) is gone. Peers stop counting it
+        as a member at once; its shards still wait for its lease (some child may still run)."""
+        await self._update("mark_orphaned", t.mark_orphaned(worker_id, session, wall_now))
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def read_workers(self) -> tuple[WorkerItem, ...]:
+        listed = await self._query_roster("read_workers", t.ROSTER_WORKER)
+        keys = [{t.PK: item[t.PK]} for item in listed]
+        workers: list[WorkerItem] = []
+        for start in range(0, len(keys), _BATCH_GET_KEYS):
+            items = await self._batch_get(keys[start : start + _BATCH_GET_KEYS])
+            workers += [codec.worker_from(item) for item in items]
+        return tuple(sorted(workers, key=lambda w: w.id))
+
+    async def vacant_shards(self) -> tuple[VacantShard, ...]:
+        listed = await self._query_roster("vacant_shards", t.ROSTER_VACANT)
+        return tuple(sorted((codec.vacant_from(item) for item in listed), key=lambda v: v.id))
+
+    async def _query_roster(self, op: str, value: str) -> list[Item]:
+        """Every item the sparse index lists under ``value`` (keys and projected attributes)."""
+        found: list[Item] = []
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": admin.ROSTER_INDEX,
+            "KeyConditionExpression": "#roster = :value",
+            "ExpressionAttributeNames": expression_names("#roster = :value"),
+            "ExpressionAttributeValues": {":value": string(value)},
+        }
+        for _ in range(_INDEX_PAGES):
+            page = await self._db.request(op, "query", **params)
+            found += page.get("Items", [])
+            if not page.get("LastEvaluatedKey"):
+                return found
+            params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        raise LeaseStoreError(f"{op}: more than {_INDEX_PAGES} pages in the roster index")
+
+    async def _batch_get(self, keys: list[Item]) -> list[Item]:
+        """Strongly consistent: liveness is judged on these counters, never on stale ones."""
+        items: list[Item] = []
+        request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
+        for attempt in range(_BATCH_GET_ROUNDS):
+            response = await self._db.request(
+                "read_workers", "batch_get_item", RequestItems=request
+            )
+            items += response.get("Responses", {}).get(self.table, [])
+            request = response.get("UnprocessedKeys") or {}
+            if not request:
+                return items
+            await trio.sleep(0.05 * 2**attempt)
+        raise StoreUnavailable(
+            f"read_workers: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
+        )
+
+    async def snapshot(self) -> Snapshot:
+        workers: list[WorkerItem] = []
+        shards: list[ShardItem] = []
+        params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
+        while True:
+            page = await self._db.request("snapshot", "scan", **params)
+            for item in page.get("Items", []):
+                kind = codec.kind_of(item)
+                if kind == t.KIND_WORKER:
+                    workers.append(codec.worker_from(item))
+                elif kind == t.KIND_SHARD:
+                    shards.append(codec.shard_from(item))
+            if not page.get("LastEvaluatedKey"):
+                break
+            params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return Snapshot(
+            workers=tuple(sorted(workers, key=lambda w: w.id)),
+            shards=tuple(sorted(shards, key=lambda s: s.id)),
+        )
+
+    # --- shards -----------------------------------------------------------------------------
+
+    async def ensure_shard(self, shard_id: str) -> None:
+        # Already there: keep its owner, epoch and checkpoint.
+        with contextlib.suppress(LeaseConflict):
+            await self._db.request(
+                "ensure_shard",
+                "put_item",
+                TableName=self.table,
+                Item=codec.new_shard_item(shard_id),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+
+    async def take(
+        self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
+    ) -> ShardItem:
+        if not me:
+            raise ValueError("take: the new owner must not be empty")
+        values = {
+            ":me": string(me),
+            ":expected_epoch": number(expected_epoch),
+            ":next": number(expected_epoch + 1),
+            ":now": number(wall_now),
+            ":running": string("running"),
+        }
+        if expected_owner:
+            owner_condition = "#owner = :expected_owner"
+            values[":expected_owner"] = string(expected_owner)
+        else:
+            owner_condition = "attribute_not_exists(#owner)"
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
+            " REMOVE #release_requested, #successor, #roster",
+            f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
+            values,
+            returns="ALL_NEW",
+        )
+        response = await self._update("take", update)
+        return codec.shard_from(response["Attributes"])
+
+    async def checkpoint(
+        self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
+    ) -> None:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #checkpoint = :cp",
+            t.OWNED_AT_EPOCH,
+            {":cp": checkpoint_value(checkpoint), **t.fence_values(me, epoch)},
+        )
+        await self._update("checkpoint", update)
+
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        checkpoint: dict[str, int],
+        state: str = t.RELEASED,
+        successor: str = "",
+    ) -> None:
+        # The same write as a child's last will (the contract's builder), with our own state.
+        update = t.release_shard(shard_id, me, epoch, checkpoint, state, successor)
+        await self._update("release", update)
+
+    async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
+        # Registered again after `shards remove`: the epoch stays (never reused), the
+        # checkpoint starts over (a new registration is a new definition).
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #kind = :shard, #id = :id, #spec = :spec, #roster = :vacant,"
+            " #epoch = if_not_exists(#epoch, :zero), #checkpoint = :empty,"
+            " #state = :registered, #registered_at = :now"
+            " REMOVE #retired_at, #successor, #release_requested",
+            "attribute_not_exists(pk)"
+            " OR (attribute_exists(#retired_at) AND attribute_not_exists(#owner))",
+            {
+                ":shard": string(t.KIND_SHARD),
+                ":id": string(shard_id),
+                ":spec": string(spec),
+                ":vacant": string(t.ROSTER_VACANT),
+                ":zero": number(0),
+                ":empty": checkpoint_value({}),
+                ":registered": string("registered"),
+                ":now": number(wall_now),
+            },
+        )
+        await self._update("add_shard", update)
+
+    async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #retired_at = :now REMOVE #roster, #successor",
+            "attribute_exists(#spec)",
+            {":now": number(wall_now)},
+            returns="ALL_NEW",
+        )
+        response = await self._update("retire_shard", update)
+        return codec.shard_from(response["Attributes"])
