@@ -23,8 +23,9 @@ import trio
 from supervisor import exit_codes
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError
 from supervisor.adapters.logs import add_secrets, redact_std_streams, setup_logging
-from supervisor.config.loader import ConfigError, load_config, render_config
+from supervisor.config.loading import ConfigError, load_config
 from supervisor.config.model import Config
+from supervisor.config.rendering import render_config
 
 log = logging.getLogger("shardvisor.cli")
 

@@ -1,6 +1,14 @@
-"""The configuration model: frozen, validated once by ``config_loader``, then passed around."""
+"""The configuration model: frozen, validated once by ``loading``, then passed around.
+
+Each key of the file is a field here, with its default and its check (``setting``): the loader,
+the renderer and the did-you-mean list all read them from ``attrs.fields``, so a new key is one
+line. ``[sink]`` and ``[[shards.streams]]`` are the children's ``SinkSpec`` and ``StreamSpec``
+(``shard_worker.contract.pipe``), whose checks are a table in ``schema``.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import attrs
 
@@ -10,36 +18,56 @@ from shard_worker.contract.pipe import (
     StreamSpec,
     header_secrets,
 )
+from supervisor.config import checks
+from supervisor.config.checks import Check
+
+CHECK = "shardvisor.check"  # the attrs metadata key that holds a field's check
+
+
+def setting(default: Any, check: Check) -> Any:
+    """A key of the file: its default and the check its value must pass."""
+    return attrs.field(default=default, metadata={CHECK: check})
 
 
 @attrs.frozen
 class WorkerConfig:
-    id: str = ""  # "" = derive at start: ECS task id, else "<hostname>-<pid>"
-    max_shards: int = 0  # most shards this worker runs at once; 0 = no cap
+    # "" = derive at start: ECS task id, else "<hostname>-<pid>"
+    id: str = setting(
+        "",
+        checks.matching(
+            r"(?:[A-Za-z0-9_.:-]{1,128})?",
+            'be "" (derive at start) or 1-128 characters of A-Z a-z 0-9 _ . : -',
+        ),
+    )
+    max_shards: int = setting(0, checks.integer(0, 100_000))  # most shards at once; 0 = no cap
 
 
 @attrs.frozen
 class DynamoConfig:
-    table: str = "shardvisor"
-    region: str = "us-east-1"
-    endpoint_url: str = ""  # "" = boto3's default (AWS_ENDPOINT_URL_DYNAMODB also works)
-    create_table: bool = True
+    table: str = setting(
+        "shardvisor",
+        checks.matching(r"[A-Za-z0-9_.-]{3,255}", "be 3-255 characters of A-Z a-z 0-9 _ . -"),
+    )
+    region: str = setting("us-east-1", checks.string)
+    # "" = boto3's default (AWS_ENDPOINT_URL_DYNAMODB also works)
+    endpoint_url: str = setting("", checks.HTTP_URL)
+    create_table: bool = setting(True, checks.boolean)
 
 
 @attrs.frozen
 class LeaseConfig:
-    duration: float = 10.0
-    heartbeat_interval: float = 2.0
-    reconcile_interval: float = 2.0
+    duration: float = setting(10.0, checks.duration())
+    heartbeat_interval: float = setting(2.0, checks.duration())
+    reconcile_interval: float = setting(2.0, checks.duration())
     # The owner stops writing at (heartbeat sent + duration - safety_margin). 0 = derive:
     # a fifth of the duration, so a peer can never take a shard its old owner still writes.
-    safety_margin: float = 0.0
+    safety_margin: float = setting(0.0, checks.duration(allow_zero=True))
     # Between full scans a reconcile round reads only the worker items and the vacant shards
     # (sparse index); a full scan still runs this often (at most once a round), and whenever
     # the fleet changes.
-    full_scan_interval: float = 60.0
+    full_scan_interval: float = setting(60.0, checks.duration())
     # How often to look for shards handed to this worker by name (0 = only at reconcile).
-    handoff_poll_interval: float = 0.25
+    handoff_poll_interval: float = setting(0.25, checks.duration(allow_zero=True))
 
     @property
     def effective_safety_margin(self) -> float:
@@ -48,54 +76,69 @@ class LeaseConfig:
 
 @attrs.frozen
 class SupervisorConfig:
-    shutdown_timeout: float = 20.0
-    checkpoint_interval: float = 1.0
-    restart_backoff_initial: float = 0.1
-    restart_backoff_max: float = 30.0
-    restart_reset_after: float = 60.0
-    max_restarts: int = 5  # crashes allowed within restart_window; one more quarantines the shard
-    restart_window: float = 60.0
-    hang_timeout: float = 5.0  # no heartbeat from a child this long: SIGKILL, restart (reason hang)
-    spawn: str = "zygote"  # zygote: fork from a warm pre-imported process | fresh: python -m
+    shutdown_timeout: float = setting(20.0, checks.duration())
+    checkpoint_interval: float = setting(1.0, checks.duration())
+    restart_backoff_initial: float = setting(0.1, checks.duration())
+    restart_backoff_max: float = setting(30.0, checks.duration())
+    restart_reset_after: float = setting(60.0, checks.duration())
+    # Crashes allowed within restart_window; one more quarantines the shard.
+    max_restarts: int = setting(5, checks.integer(1, 1000))
+    restart_window: float = setting(60.0, checks.duration())
+    # No heartbeat from a child this long: SIGKILL, restart (reason hang).
+    hang_timeout: float = setting(5.0, checks.duration())
+    # zygote: fork from a warm pre-imported process | fresh: python -m shard_worker
+    spawn: str = setting("zygote", checks.one_of(("zygote", "fresh")))
     # The command that runs a shard worker with spawn = "fresh" (to wrap it in nice, taskset,
     # prlimit, another interpreter...). Empty: python -m shard_worker with this interpreter.
-    worker_command: tuple[str, ...] = ()
+    worker_command: tuple[str, ...] = setting((), checks.command)
 
 
 @attrs.frozen
 class DeadLetterConfig:
     # JSON lines of what could not be delivered (malformed or too large messages, batches a
     # sink or handler gave up on): the record format plus "reason" and "error".
-    path: str = DEFAULT_DEAD_LETTER_PATH
+    path: str = setting(DEFAULT_DEAD_LETTER_PATH, checks.dead_letter_path)
 
 
 @attrs.frozen
 class LogConfig:
-    level: str = "info"  # debug | info | warning | error
-    format: str = "json"  # json: one object per line (log search) | text: for terminals
+    level: str = setting("info", checks.one_of(("debug", "info", "warning", "error")))
+    # json: one object per line (log search) | text: for terminals
+    format: str = setting("json", checks.one_of(("json", "text")))
 
 
 @attrs.frozen
 class HttpConfig:
     # /healthz, /readyz, /metrics. "" disables; port 0 picks a free one (logged). Loopback by
     # default: expose it beyond the host only on purpose.
-    listen: str = "127.0.0.1:9400"
+    listen: str = setting(
+        "127.0.0.1:9400",
+        checks.matching(
+            r"(?:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5})?",
+            'be "" (disabled) or HOST:PORT like "127.0.0.1:9400" (port 0 picks a free one)',
+        ),
+    )
 
 
 @attrs.frozen
 class TlsConfig:
-    ca_bundle: str = ""  # PEM file of CAs for wss:// feeds; "" = the system's trust store
-    verify: bool = True  # false: no certificate check (logged loudly; for test feeds only)
+    # PEM file of CAs for wss:// feeds; "" = the system's trust store. That the file exists
+    # and parses is an environment check (``environment``), not part of validation.
+    ca_bundle: str = setting("", checks.string)
+    # false: no certificate check (logged loudly; for test feeds only)
+    verify: bool = setting(True, checks.boolean)
 
 
 @attrs.frozen
 class ShardConfig:
-    id: str
-    streams: tuple[StreamSpec, ...]
+    id: str = attrs.field(metadata={CHECK: checks.IDENTIFIER})
+    streams: tuple[StreamSpec, ...]  # [[shards.streams]], checked by ``schema.STREAM``
 
 
 @attrs.frozen
 class Config:
+    """The whole file: each field of an attrs type is a section, in the order rendered."""
+
     worker: WorkerConfig = attrs.field(factory=WorkerConfig)
     dynamodb: DynamoConfig = attrs.field(factory=DynamoConfig)
     lease: LeaseConfig = attrs.field(factory=LeaseConfig)

@@ -1,6 +1,6 @@
 """Shard definitions stored in the table (`shardvisor shards add`): JSON in, ShardConfig out.
 
-The same validation as ``[[shards]]`` in the TOML file (``config_loader``), so a registered
+The same validation as ``[[shards]]`` in the TOML file (``loading``), so a registered
 shard can never hold a definition a config file would reject.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from supervisor.config.loader import ConfigError, parse_config
+from supervisor.config.loading import ConfigError, parse_config
 from supervisor.config.model import ShardConfig
 
 

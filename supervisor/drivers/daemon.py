@@ -33,7 +33,7 @@ from supervisor.adapters.lease_store.base import (
 from supervisor.adapters.metrics import Metrics
 from supervisor.adapters.sd_notify import Notifier
 from supervisor.adapters.spawn import Spawn, fresh_spawner
-from supervisor.config.loader import ConfigError
+from supervisor.config.loading import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
 from supervisor.core import handoff, health, round_policy, shard_set

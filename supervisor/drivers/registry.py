@@ -19,7 +19,7 @@ import trio
 from supervisor import exit_codes
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore
 from supervisor.adapters.logs import REDACTED
-from supervisor.config.loader import ConfigError
+from supervisor.config.loading import ConfigError
 from supervisor.config.model import Config
 from supervisor.config.shard_spec import encode_spec, shard_from_streams
 from supervisor.core.items import Snapshot

@@ -17,7 +17,7 @@ from helpers.servers import start_moto_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.adapters.http_endpoint import ListenError, Response, serve_http
-from supervisor.config.loader import ConfigError, parse_config
+from supervisor.config.loading import ConfigError, parse_config
 from supervisor.devtools.feed import FeedServer
 
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shard_worker.contract.pipe import SinkSpec, StreamSpec
-from supervisor.config.loader import ConfigError, load_config, parse_config, render_config
+from supervisor.config.loading import ConfigError, load_config, load_document, parse_config
 from supervisor.config.model import (
     Config,
     DynamoConfig,
@@ -19,6 +19,7 @@ from supervisor.config.model import (
     SupervisorConfig,
     WorkerConfig,
 )
+from supervisor.config.rendering import render_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "conf" / "shardvisor.example.toml"
 
@@ -32,8 +33,10 @@ url = "ws://feed.example/a?after={after}"
 
 
 def problems_of(text: str) -> list[str]:
+    """What load_config reports for a file holding ``text``: validation and the checks
+    against this host (a handler that does not import)."""
     with pytest.raises(ConfigError) as info:
-        parse_config(tomllib.loads(text))
+        load_document(tomllib.loads(text))
     assert info.value.problems, "a ConfigError must carry at least one problem"
     return info.value.problems
 

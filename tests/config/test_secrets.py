@@ -30,8 +30,9 @@ from shard_worker.contract.pipe import (
     WorkerSettings,
     encode,
 )
-from supervisor.config.loader import ConfigError, parse_config, render_config
+from supervisor.config.loading import ConfigError, parse_config
 from supervisor.config.model import Config, ShardConfig
+from supervisor.config.rendering import render_config
 from supervisor.config.shard_spec import decode_spec, encode_spec, shard_from_streams
 from supervisor.core.items import ShardItem, Snapshot
 from supervisor.devtools.feed import FeedServer

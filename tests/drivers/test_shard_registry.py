@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from shard_worker.contract.pipe import StreamSpec
-from supervisor.config.loader import ConfigError
+from supervisor.config.loading import ConfigError
 from supervisor.config.model import ShardConfig
 from supervisor.config.shard_spec import decode_spec, encode_spec
 from supervisor.drivers.registry import streams_from_args

@@ -22,7 +22,7 @@ from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spaw
 
 from shard_worker.contract.pipe import Checkpoint, Ready, Stop, Stopped, StreamSpec, WorkerSettings
 from shard_worker.drivers.reader import VERIFY_OFF_WARNING, client_tls_context
-from supervisor.config.loader import ConfigError, parse_config
+from supervisor.config.loading import ConfigError, load_document, parse_config
 from supervisor.devtools.feed import FeedServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ async def wss_feed(ca: trustme.CA, nursery: trio.Nursery) -> AsyncIterator[tuple
 
 def tls_problem(text: str) -> str:
     with pytest.raises(ConfigError) as caught:
-        parse_config(tomllib.loads(text))
+        load_document(tomllib.loads(text))
     (problem,) = caught.value.problems
     return problem
 
