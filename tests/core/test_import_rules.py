@@ -22,7 +22,6 @@ IO_MODULES = frozenset(
 CORES = ("supervisor/core", "shard_worker/core")
 # The last will (shard_worker/drivers/worker.py) still reaches into the supervisor's DynamoDB
 # adapter; issue 13 moves its conditional release into shard_worker/contract.
-LAST_WILL = "shard_worker/drivers/worker.py"
 
 
 def sources(folder: str) -> Iterator[Path]:
@@ -44,12 +43,12 @@ def under(name: str, packages: frozenset[str] | set[str]) -> bool:
     return name.split(".")[0] in packages
 
 
-def offences(folder: str, banned: set[str] | frozenset[str], skip: str = "") -> dict[str, list]:
+def offences(folder: str, banned: set[str] | frozenset[str]) -> dict[str, list]:
     found = {}
     for path in sources(folder):
         rel = path.relative_to(ROOT).as_posix()
         bad = sorted(n for n in imported(path) if under(n, banned))
-        if bad and rel != skip:
+        if bad:
             found[rel] = bad
     return found
 
@@ -78,16 +77,8 @@ def test_supervisor_cores_import_no_adapter_or_driver():
 
 
 def test_the_child_never_imports_the_supervisor():
-    assert offences("shard_worker", {"supervisor"}, skip=LAST_WILL) == {}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the last will imports supervisor.adapters.lease_store until issue 13 moves its "
-    "conditional release into shard_worker/contract (then drop this mark and the skip above)",
-)
-def test_the_last_will_never_imports_the_supervisor():
-    assert not any(under(n, {"supervisor"}) for n in imported(ROOT / LAST_WILL))
+    """Its last will included: it runs on the table contract (shard_worker/contract/table.py)."""
+    assert offences("shard_worker", {"supervisor"}) == {}
 
 
 def test_the_shared_contract_needs_neither_trio_websocket_nor_the_supervisor():
