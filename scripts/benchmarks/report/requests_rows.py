@@ -8,6 +8,7 @@ from benchmarks.anchors import KCL_RENEWALS_PER_LEASE_S
 from benchmarks.report.common import Load, Rendered, SummaryRow, heading, not_measured
 from benchmarks.tables import LEFT, RIGHT, ratio, table
 
+SERVERS = {"moto": "moto server", "dynalite": "dynalite server"}
 READS = ("GetItem", "Query", "BatchGetItem", "Scan")
 
 
@@ -20,9 +21,10 @@ def requests(load: Load) -> Rendered:
         add(not_measured("no out/bench/requests.json"))
         return "\n".join(out), []
     window = max(r["window_s"] for r in found)
+    server = SERVERS.get((data or {}).get("server", "moto"), "?")
     add(
         "One supervisor per configuration, each behind its own counting reverse proxy "
-        "(`benchmarks.wire_counter`) in front of its own moto server: every request counted on "
+        f"(`benchmarks.wire_counter`) in front of its own {server}: every request counted on "
         f"the wire by its `X-Amz-Target`, over {window:.0f} s of steady state (after every "
         "shard is owned and flowing, and one more reconcile round). Defaults otherwise "
         "(heartbeat 2 s, reconcile 2 s, hand-off poll 250 ms, full scan every 60 s). Lease "
