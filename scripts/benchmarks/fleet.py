@@ -116,7 +116,8 @@ def main() -> None:
     harness.use_local_aws()
     lock: dict[str, Any] = {}
     with harness.recorded("fleet", args.quick) as results:
-        results.update(server=args.server, workdir=str(harness.run_dir()), failover=[])
+        workdir = harness.run_dir().relative_to(harness.ROOT)
+        results.update(server=args.server, workdir=str(workdir), failover=[])
         try:
             with servers(args.server, 2 if args.quick else 4) as dynamodb:
                 chosen = lanes(args, dynamodb, results, lock)

@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def bench_fleet(
     name: str,
     server_url: str,
     feed_url: str,
-    shards: dict[str, Sequence[str]],
+    shards: Mapping[str, Sequence[str]],
     *,
     lease: str = "10s",
     supervisor: dict[str, object] | None = None,
@@ -84,7 +84,7 @@ def servers(kind: str, count: int) -> Iterator[list[ServerProcess]]:
         yield started
 
 
-async def feed_for(shards: dict[str, Sequence[str]], rate: float) -> ServerProcess:
+async def feed_for(shards: Mapping[str, Sequence[str]], rate: float) -> ServerProcess:
     """The reference feed in its own process, generating every stream of ``shards``."""
     streams = [stream for names in shards.values() for stream in names]
     return await trio.to_thread.run_sync(start_feed, rate, streams)

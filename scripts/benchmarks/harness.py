@@ -100,7 +100,9 @@ def command() -> str:
 @contextlib.contextmanager
 def recorded(name: str, quick: bool) -> Iterator[dict[str, Any]]:
     """The results of a program: the facts of the run, then what the body adds; written to
-    out/bench/<name>.json when the body returns (parts that failed are in ``errors``)."""
+    out/bench/<name>.json when the body returns (parts that failed are in ``errors``). The sink
+    files of its fleets are removed on the way out (they can be large), unless
+    BENCH_KEEP_SINKS is set."""
     results: dict[str, Any] = {
         "command": command(),
         "machine": machine(),
@@ -111,7 +113,12 @@ def recorded(name: str, quick: bool) -> Iterator[dict[str, Any]]:
         "errors": [],
     }
     busy0, t0 = cpu_busy(), time.monotonic()
-    yield results
+    try:
+        yield results
+    finally:
+        if _RUN and not os.environ.get("BENCH_KEEP_SINKS"):  # logs and configs stay
+            for sinks in _RUN[0].glob("*/out"):
+                shutil.rmtree(sinks, ignore_errors=True)
     busy1 = cpu_busy()
     results["elapsed_s"] = time.monotonic() - t0
     results["machine_cpu_busy_percent"] = (

@@ -29,7 +29,7 @@ from benchmarks.stats import summary
 from supervisor.devtools.fleet import Fleet, child_pids
 from supervisor.devtools.servers import start_dynamodb
 
-SETTINGS = {
+SETTINGS: dict[str, dict[str, object]] = {
     "lease": {"duration": "3s", "heartbeat_interval": "1s", "reconcile_interval": "1s"},
     "supervisor": {
         "checkpoint_interval": "50ms",

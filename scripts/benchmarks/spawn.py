@@ -72,7 +72,8 @@ async def hello_latency(spawn: Spawn, trials: int) -> list[float]:
 
 async def death_latency(spawn: Spawn, trials: int) -> tuple[list[float], list[float]]:
     """SIGKILL -> our own pidfd readable (the kernel's part), and -> ``wait()`` returned."""
-    seen, waited = [], []
+    seen: list[float] = []
+    waited: list[float] = []
     async with trio.open_nursery() as nursery:
         for i in range(trials):
             child = await _spawn_to_hello(spawn, nursery, f"kill-{i}")

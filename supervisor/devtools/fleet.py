@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -40,7 +40,7 @@ class Fleet:
     ddb_url: str  # the table as the fleet's own reads see it (a supervisor's may differ)
     table: str
     feed_url: str  # ws://HOST:PORT/feed: a stream is <feed_url>/<stream>?after={after}
-    shards: dict[str, Sequence[str]]
+    shards: Mapping[str, Sequence[str]]
     # Config sections besides [worker] and [shards], e.g. {"lease": {"duration": "3s"}};
     # ``overrides`` is merged over them, section by section (a test's or a run's tweak).
     settings: dict[str, dict[str, object]] = attrs.field(factory=dict)

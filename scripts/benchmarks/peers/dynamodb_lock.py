@@ -143,8 +143,8 @@ def _kill_and_wait(
     while len(done) < len(keys) and time.time() < deadline:
         with contextlib.suppress(TimeoutError):
             line = wait_reader.get(timeout=max(0.1, deadline - time.time()))
-            if key := line.get("acquired") or line.get("failed"):
-                done[key] = line
+            if name := line.get("acquired") or line.get("failed"):
+                done[name] = line
     results = []
     for key in keys:
         line = done.get(key, {"error": "no acquisition before the deadline"})
