@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DYNALITE = REPO_ROOT / "node_modules" / ".bin" / "dynalite"
+DYNALITE = REPO_ROOT / "node_modules" / "dynalite" / "cli.js"  # from `npm ci` (package.json)
+# Keeps dynalite up when a client resets a request (a SIGKILLed supervisor): see the file.
+DYNALITE_PRELOAD = Path(__file__).with_name("dynalite_preload.js")
 START_DEADLINE = 20.0  # seconds for a server to answer
 START_ATTEMPTS = 3  # fresh ports to try when a server dies at start (port taken meanwhile)
 
@@ -78,13 +80,13 @@ def start_moto_server() -> ServerProcess:
 
 
 def start_dynalite() -> ServerProcess:
-    """dynalite in memory, with tables ACTIVE at once."""
+    """dynalite in memory, with tables ACTIVE at once, that outlives a client's reset."""
     if not DYNALITE.exists():
         raise RuntimeError(f"dynalite is not installed: run `npm ci` in {REPO_ROOT}")
     return start_server(
         "dynalite",
         lambda port: [
-            str(DYNALITE),
+            "node", "--require", str(DYNALITE_PRELOAD), str(DYNALITE),
             "--port", str(port),
             "--host", "127.0.0.1",
             "--createTableMs", "0",
