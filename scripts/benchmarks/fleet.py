@@ -89,7 +89,7 @@ def lanes(
     s = dynamodb
     if args.quick:  # a smoke test: each code path once
         return [
-            [failover("host", "3s", s[0]), handoff(s[0], 1)],
+            [failover("host", "3s", s[0]), handoff(s[0], trials)],
             [lock_job(s[1], ["3s"], other=True), ("supervisord", supervisord_job)],
         ]
     return [  # about equally long: 5.5 minutes on 2 cores
@@ -100,7 +100,7 @@ def lanes(
             ("supervisord", supervisord_job),
         ],
         [
-            handoff(s[2], max(20, trials)),
+            handoff(s[2], args.trials or 20),
             ("memory (row 5)", memory_job),
             failover("supervisor", "10s", s[2]),
             lock_job(s[3], list(dynamodb_lock.SETTINGS), other=False),

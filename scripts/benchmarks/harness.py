@@ -216,7 +216,7 @@ def cpu_busy() -> tuple[int, int]:
 
 def busy_with_tests() -> list[str]:
     """Other test or benchmark runs on this machine (pytest, python -m benchmarks.*): not this
-    process nor anything it started."""
+    process, what started it, nor anything it started."""
     parents, commands = {}, {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -226,14 +226,18 @@ def busy_with_tests() -> list[str]:
                 raw = (entry / "cmdline").read_bytes()
                 commands[int(entry.name)] = raw.replace(b"\0", b" ").decode(errors="replace")
 
-    def ours(pid: int) -> bool:
-        seen = set()
-        while pid > 1 and pid not in seen:
-            if pid == os.getpid():
-                return True
-            seen.add(pid)
+    def line(pid: int) -> set[int]:
+        """``pid`` and its ancestors."""
+        found = set()
+        while pid > 1 and pid not in found:
+            found.add(pid)
             pid = parents.get(pid, 0)
-        return False
+        return found
+
+    mine = line(os.getpid())
+
+    def ours(pid: int) -> bool:
+        return pid in mine or os.getpid() in line(pid)
 
     return [
         f"{pid} {cmd.strip()}"[:200]

@@ -11,6 +11,7 @@ Scale (--part scale: out/bench/scale.json): 64 shards x 4 streams (256 WebSocket
 (utime + stime) over 20 s of steady state. --part all (the default) writes both into scale.json.
 
     python -m benchmarks.scale [--quick] [--part memory|scale|all] [--server moto|dynalite]
+                               [--counts 8 32 64] [--shards 64 --streams 4] [--cpu-window 20]
 """
 
 from __future__ import annotations
@@ -175,8 +176,8 @@ async def scale_run(
 
 
 async def measure(args: Any, server: str, feed_url: str, results: dict[str, Any]) -> None:
-    counts = [1, 2] if args.quick else [8, 32, 64]
-    shards, streams = (2, 2) if args.quick else (64, 4)
+    counts = args.counts
+    shards, streams = args.shards, args.streams
     window = args.cpu_window or (1.0 if args.quick else 20.0)
     memory, scale = args.part in ("memory", "all"), args.part in ("scale", "all")
     if args.quick:  # a smoke test: the hosts side by side, figures meaningless
@@ -213,7 +214,13 @@ def main() -> None:
     parser.add_argument(
         "--part", choices=("memory", "scale", "all"), default="all", help="out/bench/<part>.json"
     )
+    parser.add_argument("--counts", type=int, nargs="+", help="memory: shards at each size")
+    parser.add_argument("--shards", type=int, help="scale: shards on the host")
+    parser.add_argument("--streams", type=int, help="scale: streams per shard")
     args = parser.parse_args()
+    args.counts = args.counts or ([1, 2] if args.quick else [8, 32, 64])
+    args.shards = args.shards or (2 if args.quick else 64)
+    args.streams = args.streams or (2 if args.quick else 4)
     harness.interruptible()
     harness.use_local_aws()
     rate = MEMORY_RATE if args.part == "memory" else FEED_RATE
@@ -228,7 +235,7 @@ def main() -> None:
             settings={
                 "feed_rate_per_stream": rate,
                 "server": args.server,
-                "memory_counts": [1, 2] if args.quick else [8, 32, 64],
+                "memory_counts": args.counts,
                 "lease": "defaults (10 s / 2 s / 2 s)",
                 "checkpoint_interval": "1 s (default)",
             },
