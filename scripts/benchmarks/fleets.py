@@ -74,10 +74,13 @@ def bench_fleet(
 def servers(kind: str, count: int) -> Iterator[list[ServerProcess]]:
     """``count`` DynamoDB servers of ``kind`` (started side by side), stopped on the way out."""
     with contextlib.ExitStack() as stack:
-        with concurrent.futures.ThreadPoolExecutor(max(1, count)) as pool:
-            futures = [pool.submit(start_dynamodb, kind) for _ in range(count)]
-        # Every server that started is stopped on the way out, also when another did not.
-        started = [stack.enter_context(f.result()) for f in futures if not f.exception()]
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, count))
+        futures = [pool.submit(start_dynamodb, kind) for _ in range(count)]
+        try:
+            concurrent.futures.wait(futures)
+        finally:  # also on Ctrl-C: every server that started is stopped on the way out
+            pool.shutdown(wait=True)
+            started = [stack.enter_context(f.result()) for f in futures if not f.exception()]
         for future in futures:
             if error := future.exception():
                 raise error

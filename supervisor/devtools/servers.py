@@ -157,8 +157,12 @@ def start_server(
                 argv_for_port(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
         server = ServerProcess(name, proc, url(port), log_dir)
-        if _wait_ready(proc, port, ready):
-            return server
+        try:
+            if _wait_ready(proc, port, ready):
+                return server
+        except BaseException:  # interrupted while waiting: the process is not left behind
+            server.stop()
+            raise
         server.proc.kill()
         server.proc.wait()
         failures.append(f"port {port}: exit {proc.returncode}: {_tail(log_path)}")
