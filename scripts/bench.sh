@@ -10,10 +10,15 @@
 #                              out/bench/benchmarks.md only (tests/e2e/test_bench_smoke.py runs it)
 #   scripts/bench.sh --no-publish   a full run that writes out/bench/benchmarks.md only
 #
-# Each measuring script writes out/bench/<part>.json; scripts/bench_report.py renders them all.
+# The programs are the package scripts/benchmarks/, run as modules (python -m benchmarks.<name>);
+# each writes out/bench/<part>.json, and benchmarks.report renders them all.
 # Exit 69 when a peer cannot be installed (no package index reachable).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The benchmarks are not installed (the product's packages must not ship them): Python finds the
+# package through PYTHONPATH, absolute because the processes they start (shard workers loading
+# a benchmark's handler, the peers' programs) run in other directories and inherit it.
+export PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}"
 
 QUICK=0
 PUBLISH=--publish
@@ -22,7 +27,7 @@ for arg in "$@"; do
     --quick) QUICK=1 ;;
     --no-publish) PUBLISH="" ;;
     -h | --help)
-      sed -n '2,14p' "$0"
+      sed -n '2,15p' "$0"
       exit 0
       ;;
     *)
@@ -79,7 +84,7 @@ peer_venv "$OUT/venv-supervisord" "supervisor==4.3.0" "websockets==17.4"
 if [ "$QUICK" = 0 ]; then
   waited=0
   limit=${BENCH_WAIT_IDLE:-1200}
-  while others=$(pgrep -af "bench_fleet|bench_throughput|bench_peers|bench_scale|pytest" |
+  while others=$(pgrep -af "benchmarks\.|pytest" |
     grep -v -e "^$$ " -e pgrep || true) && [ -n "$others" ]; do
     if [ "$waited" -ge "$limit" ]; then
       log "still busy after ${limit}s; measuring anyway (the report notes a busy machine):"
@@ -138,29 +143,29 @@ join() {
 if [ "$QUICK" = 1 ]; then
   # Smoke run: every part once, cut to a trial or two; the timer-bound parts in the background.
   log "quick: fleet + peers and DynamoDB requests in the background (logs in $OUT/)"
-  background fleet "$PY" scripts/bench_peers.py fleet --quick
-  background requests "$PY" scripts/bench_peers.py requests --quick
+  background fleet "$PY" -m benchmarks.fleet --quick
+  background requests "$PY" -m benchmarks.dynamodb_requests --quick
   log "quick: restart"
-  "$PY" scripts/bench_peers.py restart --quick
+  "$PY" -m benchmarks.restart --quick
   log "quick: throughput"
-  "$PY" scripts/bench_peers.py throughput --quick 2>"$OUT/throughput.log"
+  "$PY" -m benchmarks.throughput --quick 2>"$OUT/throughput.log"
   log "quick: memory and scale"
-  "$PY" scripts/bench_scale.py --quick
+  "$PY" -m benchmarks.scale --quick
   join
-  "$PY" scripts/bench_report.py --mode quick --run-seconds "$(($(date +%s) - START))"
+  "$PY" -m benchmarks.report --mode quick --run-seconds "$(($(date +%s) - START))"
   log "quick run done: $OUT/benchmarks.md (docs/benchmarks.md is only written by a full run)"
 else
   log "stage 1/5: failover, hand-off (rows 1, 2), python-dynamodb-lock, supervisord, memory (row 5)"
-  "$PY" scripts/bench_peers.py fleet
+  "$PY" -m benchmarks.fleet
   cat "$OUT/memory.log"
   log "stage 2/5: DynamoDB requests on the wire (row 6)"
-  "$PY" scripts/bench_peers.py requests
+  "$PY" -m benchmarks.dynamodb_requests
   log "stage 3/5: child crash -> writing again (row 3)"
-  "$PY" scripts/bench_peers.py restart
+  "$PY" -m benchmarks.restart
   log "stage 4/5: throughput per child (row 4) beside bare trio-websocket and websockets loops"
-  "$PY" scripts/bench_peers.py throughput 2>"$OUT/throughput.log"
+  "$PY" -m benchmarks.throughput 2>"$OUT/throughput.log"
   log "stage 5/5: scale on one host (row 7)"
-  "$PY" scripts/bench_scale.py --part scale
-  "$PY" scripts/bench_report.py $PUBLISH --mode full --run-seconds "$(($(date +%s) - START))"
+  "$PY" -m benchmarks.scale --part scale
+  "$PY" -m benchmarks.report $PUBLISH --mode full --run-seconds "$(($(date +%s) - START))"
   log "full run done: ${PUBLISH:+docs/benchmarks.md and }$OUT/benchmarks.md"
 fi

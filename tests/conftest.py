@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 from helpers.fleet import SHARDS, STREAMS, Fleet
-from helpers.servers import ServerProcess, start_dynalite, start_moto_server
 
 from supervisor.devtools.feed import FeedServer
+from supervisor.devtools.servers import ServerProcess, start_dynalite, start_moto_server
 
 
 @pytest.fixture(scope="session")

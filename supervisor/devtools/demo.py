@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,27 +16,44 @@ from pathlib import Path
 import attrs
 import trio
 
+from supervisor.core.items import Snapshot
 from supervisor.devtools.feed import FeedServer
-from supervisor.devtools.sink_audit import StreamAudit, audit_sink_dir
+from supervisor.devtools.fleet import Fleet, owners_view, shards_of
+from supervisor.devtools.sink_audit import StreamAudit
 
 WORKERS = ("w1", "w2", "w3")
 SHARDS = {f"s{i}": (f"s{i}-a", f"s{i}-b") for i in range(1, 7)}
 RATE = 50.0  # messages/s per stream
 DURATION, HEARTBEAT, RECONCILE = 3.0, 1.0, 1.0
 OVERALL_DEADLINE = 55.0
+TABLE = "shardvisor-demo"
+SETTINGS: dict[str, dict[str, object]] = {
+    "lease": {
+        "duration": f"{DURATION}s",
+        "heartbeat_interval": f"{HEARTBEAT}s",
+        "reconcile_interval": f"{RECONCILE}s",
+    },
+    "supervisor": {"shutdown_timeout": "5s", "checkpoint_interval": "250ms"},
+    "sink": {"kind": "jsonl"},
+    "http": {"listen": "127.0.0.1:0"},  # three supervisors on one host
+}
 
 
 @attrs.define
 class DemoRun:
-    workdir: Path
-    ddb_url: str
-    feed_url: str
+    fleet: Fleet
     started: float = attrs.field(factory=time.monotonic)
-    procs: dict[str, trio.Process] = attrs.field(factory=dict)
     last_view: str = ""
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:5.1f}s] {text}", flush=True)
+
+    def show(self, snapshot: Snapshot) -> None:
+        """Print who holds what, when it changed since the last time."""
+        view = owners_view(snapshot, WORKERS)
+        if view != self.last_view:
+            self.say(view)
+            self.last_view = view
 
 
 def run_demo(workdir: str = "") -> int:
@@ -65,7 +80,8 @@ async def _demo(workdir: Path, ddb_url: str) -> int:
     with trio.fail_after(OVERALL_DEADLINE):
         async with trio.open_nursery() as nursery:
             feed_port = await nursery.start(feed.serve, "127.0.0.1", 0)
-            run = DemoRun(workdir, ddb_url, f"ws://127.0.0.1:{feed_port}/feed")
+            feed_url = f"ws://127.0.0.1:{feed_port}/feed"
+            run = DemoRun(Fleet(workdir, ddb_url, TABLE, feed_url, SHARDS, settings=SETTINGS))
             try:
                 code = await _scenario(run)
             finally:
@@ -76,133 +92,71 @@ async def _demo(workdir: Path, ddb_url: str) -> int:
 
 
 async def _scenario(run: DemoRun) -> int:
-    from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
-
-    run.say(f"DynamoDB (moto) at {run.ddb_url}, feed at {run.feed_url}, files in {run.workdir}")
-    store = DynamoLeaseStore("shardvisor-demo", "us-east-1", run.ddb_url)
-    await store.ensure_table(True)
+    fleet = run.fleet
+    run.say(
+        f"DynamoDB (moto) at {fleet.ddb_url}, feed at {fleet.feed_url}, files in {fleet.workdir}"
+    )
+    await fleet.store.ensure_table(True)
     for worker in WORKERS:
-        await _start_supervisor(run, worker)
+        proc = await fleet.start(worker)
+        run.say(f"started supervisor {worker} (pid {proc.pid}, log {worker}.log)")
         await trio.sleep(0.3)
-    await _wait_owned(run, store, exclude=(), timeout=15)
-    await _wait_balanced(run, store, timeout=20)
-    await _watch(run, store, 2.0)
+    await _wait_owned(run, exclude=(), timeout=15)
+    await _wait_balanced(run, timeout=20)
+    await _watch(run, 2.0)
 
-    victim = _owner_of_most(await store.snapshot())
-    victim_shards = _shards_of(await store.snapshot(), victim)
+    snapshot = await fleet.snapshot()
+    victim = max(WORKERS, key=lambda w: (len(shards_of(snapshot, w)), w))
+    victim_shards = shards_of(snapshot, victim)
     run.say(
         f"SIGKILL host {victim}: supervisor and children at once "
         f"(holding {', '.join(victim_shards)}); peers wait for its lease to expire"
     )
     killed_at = time.time()
-    os.killpg(run.procs[victim].pid, signal.SIGKILL)
-    await run.procs.pop(victim).wait()
-    await _wait_owned(run, store, exclude=(victim,), timeout=DURATION + RECONCILE + 8)
-    await _watch(run, store, 2.0)
+    os.killpg(fleet.procs[victim].pid, signal.SIGKILL)
+    await fleet.procs.pop(victim).wait()
+    await _wait_owned(run, exclude=(victim,), timeout=DURATION + RECONCILE + 8)
+    await _watch(run, 2.0)
 
-    snapshot = await store.snapshot()
-    drained = next(w for w in WORKERS if w in run.procs and _shards_of(snapshot, w))
-    drained_shards = _shards_of(snapshot, drained)
+    snapshot = await fleet.snapshot()
+    drained = next(w for w in WORKERS if w in fleet.procs and shards_of(snapshot, w))
+    drained_shards = shards_of(snapshot, drained)
     run.say(f"SIGTERM supervisor {drained} (holding {', '.join(drained_shards)})")
     termed_at = time.time()
-    proc = run.procs.pop(drained)
+    proc = fleet.procs.pop(drained)
     proc.send_signal(signal.SIGTERM)
     with trio.fail_after(10):
         code = await proc.wait()
     run.say(f"{drained} exited with code {code} after {time.time() - termed_at:.2f}s")
-    await _wait_owned(run, store, exclude=(victim, drained), timeout=5)
-    await _watch(run, store, 2.0)
+    await _wait_owned(run, exclude=(victim, drained), timeout=5)
+    await _watch(run, 2.0)
     await _stop_all(run)
 
-    audits = audit_sink_dir(run.workdir / "out")
-    ok = _summary(run, audits, victim_shards, killed_at, drained_shards, termed_at) and code == 0
+    audits = fleet.audit()
+    ok = _summary(audits, victim_shards, killed_at, drained_shards, termed_at) and code == 0
     run.say("demo passed: nothing lost" if ok else "demo FAILED: see the table above")
     return 0 if ok else 1
 
 
-def _config_text(run: DemoRun, worker: str) -> str:
-    lines = [
-        f'[worker]\nid = "{worker}"\n',
-        f'[dynamodb]\ntable = "shardvisor-demo"\nendpoint_url = "{run.ddb_url}"\n',
-        f'[lease]\nduration = "{DURATION}s"\nheartbeat_interval = "{HEARTBEAT}s"',
-        f'reconcile_interval = "{RECONCILE}s"\n',
-        '[supervisor]\nshutdown_timeout = "5s"\ncheckpoint_interval = "250ms"\n',
-        '[sink]\nkind = "jsonl"\npath = "out/{shard}/{stream}.{epoch}.jsonl"\n',
-        '[http]\nlisten = "127.0.0.1:0"\n',  # three supervisors on one host
-    ]
-    for shard, streams in SHARDS.items():
-        lines.append(f'[[shards]]\nid = "{shard}"')
-        for stream in streams:
-            url = f"{run.feed_url}/{stream}?after={{after}}"
-            lines.append(f'  [[shards.streams]]\n  id = "{stream}"\n  url = "{url}"')
-            lines.append('  sequence = "seq"')
-    return "\n".join(lines) + "\n"
-
-
-async def _start_supervisor(run: DemoRun, worker: str) -> None:
-    config = run.workdir / f"{worker}.toml"
-    config.write_text(_config_text(run, worker))
-    logfile = (run.workdir / f"{worker}.log").open("ab")
-    run.procs[worker] = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
-        cwd=run.workdir,
-        stdin=subprocess.DEVNULL,
-        stdout=logfile,
-        stderr=logfile,
-        start_new_session=True,  # its own process group: the "host" the demo kills
-    )
-    logfile.close()
-    run.say(f"started supervisor {worker} (pid {run.procs[worker].pid}, log {worker}.log)")
-
-
 async def _stop_all(run: DemoRun) -> None:
-    for proc in run.procs.values():
-        proc.send_signal(signal.SIGTERM)
-    with trio.move_on_after(10):
-        for proc in run.procs.values():
-            await proc.wait()
-    for proc in run.procs.values():
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    run.procs.clear()
+    await run.fleet.stop_all(grace=10)
+    run.fleet.procs.clear()
     await trio.sleep(1.2)  # children of a killed supervisor exit within 1 s of pipe EOF
 
 
-def _shards_of(snapshot, worker: str) -> list[str]:
-    return sorted(s.id for s in snapshot.shards if s.owner == worker)
-
-
-def _owner_of_most(snapshot) -> str:
-    return max(WORKERS, key=lambda w: (len(_shards_of(snapshot, w)), w))
-
-
-def _view(snapshot) -> str:
-    owners = {w: _shards_of(snapshot, w) for w in WORKERS}
-    parts = [f"{w}: {' '.join(s) or '-'}" for w, s in owners.items()]
-    unowned = [s.id for s in snapshot.shards if not s.owner]
-    return " | ".join(parts) + (f" | unowned: {' '.join(unowned)}" if unowned else "")
-
-
-async def _watch(run: DemoRun, store, seconds: float) -> None:
+async def _watch(run: DemoRun, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        view = _view(await store.snapshot())
-        if view != run.last_view:
-            run.say(view)
-            run.last_view = view
+        run.show(await run.fleet.snapshot())
         await trio.sleep(0.2)
 
 
-async def _wait_owned(run: DemoRun, store, *, exclude: tuple[str, ...], timeout: float) -> None:
+async def _wait_owned(run: DemoRun, *, exclude: tuple[str, ...], timeout: float) -> None:
     start = time.monotonic()
     with trio.fail_after(timeout):
         while True:
-            snapshot = await store.snapshot()
-            view = _view(snapshot)
-            if view != run.last_view:
-                run.say(view)
-                run.last_view = view
+            snapshot = await run.fleet.snapshot()
+            run.show(snapshot)
             owners = [s.owner for s in snapshot.shards]
             if len(owners) == len(SHARDS) and all(o and o not in exclude for o in owners):
                 run.say(f"all {len(SHARDS)} shards owned ({time.monotonic() - start:.1f}s)")
@@ -210,24 +164,27 @@ async def _wait_owned(run: DemoRun, store, *, exclude: tuple[str, ...], timeout:
             await trio.sleep(0.1)
 
 
-async def _wait_balanced(run: DemoRun, store, timeout: float) -> None:
+async def _wait_balanced(run: DemoRun, timeout: float) -> None:
     """The first supervisor up takes everything; the others get their share by hand-off."""
     start = time.monotonic()
     with trio.fail_after(timeout):
         while True:
-            snapshot = await store.snapshot()
-            loads = [len(_shards_of(snapshot, w)) for w in run.procs]
-            view = _view(snapshot)
-            if view != run.last_view:
-                run.say(view)
-                run.last_view = view
+            snapshot = await run.fleet.snapshot()
+            loads = [len(shards_of(snapshot, w)) for w in run.fleet.procs]
+            run.show(snapshot)
             if max(loads) - min(loads) <= 1 and sum(loads) == len(SHARDS):
                 run.say(f"balanced by graceful hand-offs ({time.monotonic() - start:.1f}s)")
                 return
             await trio.sleep(0.1)
 
 
-def _summary(run, audits: dict[str, StreamAudit], killed, killed_at, drained, termed_at) -> bool:
+def _summary(
+    audits: dict[str, StreamAudit],
+    killed: list[str],
+    killed_at: float,
+    drained: list[str],
+    termed_at: float,
+) -> bool:
     print()
     header = f"{'stream':<8} {'delivered':>9} {'gaps':>5} {'rewritten':>9}  {'failover':>8}"
     print(header + f"  {'hand-off':>8}  epochs")

@@ -9,6 +9,8 @@ once its position has been dropped).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import ssl
 import time
@@ -206,3 +208,22 @@ async def run_feed(host: str, port: int, streams: int | list[str], rate: float) 
             f"feed listening on ws://{host}:{bound}/feed/<stream> (streams: {', '.join(names)})",
             flush=True,
         )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m supervisor.devtools.feed``: the feed as a process of its own (the servers of
+    ``supervisor.devtools.servers``); named streams generate from the start, others are created
+    on first use. SIGTERM or Ctrl-C stops it."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--rate", type=float, default=100.0, help="messages/s per stream")
+    parser.add_argument("--streams", default="", help="comma-separated stream names")
+    args = parser.parse_args(argv)
+    names = [name for name in args.streams.split(",") if name]
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(run_feed, args.host, args.port, names, args.rate)
+
+
+if __name__ == "__main__":
+    main()

@@ -38,6 +38,7 @@ class LocalDynamoDB:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}"
 
     def start(self) -> LocalDynamoDB:

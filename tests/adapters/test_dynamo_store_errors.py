@@ -12,7 +12,6 @@ import boto3
 import pytest
 import trio
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
-from helpers.servers import ServerProcess, start_dynalite
 
 from supervisor.adapters.lease_store.base import (
     LeaseConflict,
@@ -23,6 +22,7 @@ from supervisor.adapters.lease_store.base import (
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient, TableInUse
 from supervisor.core.items import WorkerItem
+from supervisor.devtools.servers import ServerProcess, start_dynalite
 
 REGION = "us-east-1"
 

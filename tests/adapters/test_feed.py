@@ -11,6 +11,7 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from supervisor.devtools.feed import FeedServer, run_feed
+from supervisor.devtools.servers import start_feed
 
 
 @pytest.fixture
@@ -151,3 +152,14 @@ async def test_run_feed_prints_where_it_listens(capsys: pytest.CaptureFixture[st
             messages = await receive(f"ws://127.0.0.1:{match[1]}/feed/s2", 2)
             assert [m["stream"] for m in messages] == ["s2", "s2"]
             nursery.cancel_scope.cancel()
+
+
+async def test_the_feed_as_a_process_of_its_own_serves_and_stops() -> None:
+    """``supervisor.devtools.servers.start_feed``: how the benchmarks run it (its own CPU)."""
+    server = await trio.to_thread.run_sync(start_feed, 500.0, ["p1", "p2"])
+    try:
+        messages = await receive(f"{server.url}/p2?after=3", 5)
+        assert [(m["stream"], m["seq"]) for m in messages] == [("p2", n) for n in range(4, 9)]
+    finally:
+        server.stop()
+    assert server.proc.returncode is not None

@@ -13,12 +13,12 @@ import urllib.request
 import pytest
 import trio
 from helpers.fleet import Fleet
-from helpers.servers import start_moto_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.adapters.http_endpoint import ListenError, Response, serve_http
 from supervisor.config.loading import ConfigError, parse_config
 from supervisor.devtools.feed import FeedServer
+from supervisor.devtools.servers import start_moto_server
 
 
 def get(url: str, method: str = "GET") -> tuple[int, bytes, str]:

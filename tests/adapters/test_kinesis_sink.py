@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import trio
 from botocore.exceptions import ClientError
-from helpers.servers import ServerProcess, start_moto_server
 
 from shard_worker.adapters.sinks import DeliveryFailed, make_client
 from shard_worker.adapters.sinks.kinesis import KinesisSink
 from shard_worker.core.batcher import Batch, Batcher, Oversized
 from shard_worker.records import Record, record_json
+from supervisor.devtools.servers import ServerProcess, start_moto_server
 
 REGION = "us-east-1"
 FAST = {"backoff_initial": 0.001, "backoff_max": 0.01}

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import trio
-from helpers.servers import ServerProcess
 from helpers.worker_helpers import make_start, read_records, spawn_worker
 from test_shard_worker import serve_script
 
@@ -29,6 +28,7 @@ from shard_worker.contract.pipe import (
     StreamSpec,
 )
 from supervisor.devtools.feed import FeedServer
+from supervisor.devtools.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

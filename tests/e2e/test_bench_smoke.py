@@ -1,5 +1,6 @@
 """The benchmark never rots: ``scripts/bench.sh --quick`` runs every part once and renders the
-report with every row (figures from a smoke run mean nothing; the full run is not a test)."""
+report with every row (figures from a smoke run mean nothing; the full run is not a test). And
+the benchmarks stay one package: one percentile rule, no sys.path edits."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
 REPORT = ROOT / "out" / "bench" / "benchmarks.md"
 TIMEOUT = 120.0
 NO_PEER = 69  # bench.sh: a peer could not be installed (no package index reachable)
@@ -60,3 +63,27 @@ def test_bench_quick_renders_every_row() -> None:
     assert "quick smoke run" in report
     docs = ROOT / "docs" / "benchmarks.md"
     assert "quick smoke run" not in docs.read_text(), "a quick run must never be published"
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    """The one rule of every published figure: the ceil(q * n)-th smallest sample, so p50 of an
+    even count is the lower middle one and p99 of fewer than 100 samples is the largest."""
+    probe = (
+        "from benchmarks.stats import percentile as p; "
+        "print(p([4, 1, 3, 2], 0.5), p(range(1, 64), 0.99), p(range(1, 301), 0.99), p([], 0.5))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(SCRIPTS)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert found.stdout.split() == ["2", "63", "297", "nan"]
+
+
+def test_the_benchmarks_edit_no_sys_path() -> None:
+    """Programs are modules run with ``python -m``; scripts/bench.sh sets PYTHONPATH."""
+    offenders = [p for p in SCRIPTS.rglob("*.py") if "sys.path" in p.read_text()]
+    assert offenders == []

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, SHARDS, STREAMS, Fleet, alive, child_pids
+from helpers.fleet import DURATION, RECONCILE, SHARDS, STREAMS, Fleet
+
+from supervisor.devtools.fleet import alive, child_pids
 
 pytestmark = pytest.mark.slow
 

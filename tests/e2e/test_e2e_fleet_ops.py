@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, Fleet, alive, child_pids
+from helpers.fleet import DURATION, RECONCILE, Fleet
 
 from supervisor.devtools.feed import FeedServer
+from supervisor.devtools.fleet import alive, child_pids
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, STREAMS, alive, child_pids
+from helpers.fleet import DURATION, RECONCILE, STREAMS
 
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
+from supervisor.devtools.fleet import alive, child_pids
 
 pytestmark = pytest.mark.slow
 FAULTY = str(Path(__file__).resolve().parents[1] / "helpers" / "faulty_worker.py")

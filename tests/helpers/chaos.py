@@ -41,8 +41,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from helpers.fleet import DURATION, HEARTBEAT, RECONCILE, Fleet, alive, child_pids
+from helpers.fleet import DURATION, HEARTBEAT, RECONCILE, Fleet
 from supervisor.core.items import ShardItem, Snapshot
+from supervisor.devtools.fleet import alive, child_pids, epochs_view, is_fleet_process
 from supervisor.devtools.sink_audit import StreamAudit
 
 SEED_ENV = "SHARDVISOR_CHAOS_SEED"
@@ -353,10 +354,6 @@ def audit_problems(
 # --- processes -------------------------------------------------------------------------------
 
 
-def _table(snapshot: Snapshot) -> str:
-    return " ".join(f"{s.id}={s.owner or '-'}@{s.epoch}" for s in snapshot.shards)
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -377,15 +374,6 @@ def _shard_of(pid: int, out_dir: Path) -> str | None:
                 if target.is_relative_to(out_dir):
                     return target.relative_to(out_dir).parts[0]
     return None
-
-
-def _is_ours(pid: int) -> bool:
-    """Still one of the fleet's processes (and not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"supervisor" in cmdline or b"shard_worker" in cmdline
 
 
 class ChaosRun:
@@ -494,7 +482,7 @@ class ChaosRun:
     async def _cleanup(self) -> None:
         """Whatever happened: continue what we stopped, stop the fleet, reap and check."""
         for pid in sorted(self.frozen_pids):
-            if _is_ours(pid):
+            if is_fleet_process(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
         self.frozen_pids.clear()
@@ -505,10 +493,10 @@ class ChaosRun:
         # A child exits at control-pipe EOF once its last will is done (bounded by 5 s in
         # shard_worker.drivers.worker); SIGKILL stragglers.
         with trio.move_on_after(CHILD_EXIT):
-            while [p for p in self.seen_children if alive(p) and _is_ours(p)]:
+            while [p for p in self.seen_children if alive(p) and is_fleet_process(p)]:
                 await trio.sleep(0.1)
         for pid in sorted(self.seen_children):
-            if alive(pid) and _is_ours(pid):
+            if alive(pid) and is_fleet_process(pid):
                 self.process_problems.append(
                     f"child {pid} still alive {CHILD_EXIT:g}s after the fleet stopped"
                 )
@@ -611,7 +599,7 @@ class ChaosRun:
         for item in snapshot.shards:
             if item.owner == worker:
                 self.stale[item.id] = (item.owner, item.epoch)
-        self.note(f"killed {worker}; table: {_table(snapshot)}")
+        self.note(f"killed {worker}; table: {epochs_view(snapshot)}")
         nursery.start_soon(self._restart_later, worker, fault_at + hold)
         return fault_at
 
@@ -704,7 +692,7 @@ class ChaosRun:
                     rec.writing = elapsed
                 await trio.sleep(POLL)
         if (rec.owned is None or rec.writing is None) and last is not None:
-            rec.note += f" table at the end of the probe: {_table(last)}"
+            rec.note += f" table at the end of the probe: {epochs_view(last)}"
 
     # --- report --------------------------------------------------------------------------------
 

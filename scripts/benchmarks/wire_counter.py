@@ -1,18 +1,15 @@
-#!/usr/bin/env python3
-"""A counting HTTP reverse proxy on 127.0.0.1 in front of a DynamoDB endpoint.
+"""A counting HTTP reverse proxy on 127.0.0.1 in front of a DynamoDB endpoint (row 6's wire).
 
 Every request is forwarded unchanged to ``--upstream`` and counted by its ``X-Amz-Target``
 header (``DynamoDB_20120810.UpdateItem`` -> ``UpdateItem``); UpdateItem bodies are also
 classified by their UpdateExpression (heartbeat, checkpoint, take, release, other), the way
-``scripts/bench_fleet.py`` reports DynamoDB requests per worker-minute.
+``benchmarks.dynamodb_requests`` reports DynamoDB requests per worker-minute. ``GET
+/__wire_counter__`` answers the counters as JSON instead of forwarding.
 
-Several listeners can run in one process (``--listeners N``), each with its own counters, so
-one proxy serves several supervisors measured side by side. ``GET /__wire_counter__`` on a
-listener answers its counters as JSON instead of forwarding.
+    python -m benchmarks.wire_counter --upstream http://127.0.0.1:8000 --port 8001
 
-    .venv/bin/python scripts/wire_counter.py --upstream http://127.0.0.1:8000 [--listeners 3]
-
-prints one JSON line ``{"ports": [...]}`` once listening, then serves until SIGTERM/SIGINT.
+serves until SIGTERM/SIGINT; ``benchmarks.dynamodb_requests`` starts one per supervisor as a
+server of ``supervisor.devtools.servers``.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import collections
 import contextlib
 import json
 import signal
-import sys
 from urllib.parse import urlsplit
 
 CONTROL_PATH = "/__wire_counter__"
@@ -189,31 +185,23 @@ class Proxy:
         return keep_alive
 
 
-async def serve(upstream: str, listeners: int) -> None:
-    proxy = Proxy(upstream)
-    servers, ports = [], []
-    for _ in range(listeners):
-        server = await asyncio.start_server(proxy.handler(Counts()), "127.0.0.1", 0)
-        servers.append(server)
-        ports.append(server.sockets[0].getsockname()[1])
-    print(json.dumps({"ports": ports}), flush=True)
+async def serve(upstream: str, port: int) -> None:
+    server = await asyncio.start_server(Proxy(upstream).handler(Counts()), "127.0.0.1", port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+    server.close()
+    await server.wait_closed()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="http://127.0.0.1:PORT")
-    parser.add_argument("--listeners", type=int, default=1)
+    parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.upstream, args.listeners))
-    sys.exit(0)
+    asyncio.run(serve(args.upstream, args.port))
 
 
 if __name__ == "__main__":

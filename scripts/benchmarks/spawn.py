@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Warm (zygote) versus fresh spawns of shard workers: latency, memory, death detection.
 
-    python scripts/bench_spawn.py [--trials N] [--quick]
+    python -m benchmarks.spawn [--trials N] [--quick]
 
 For each mode it measures, with real processes and pipes:
 - spawn -> Hello received: what a shard restart waits before it can send Start;
@@ -9,19 +8,15 @@ For each mode it measures, with real processes and pipes:
   (PSS splits shared pages between their users: what a child really costs);
 - SIGKILL -> ``wait()`` returned: how soon the supervisor sees a child die.
 
-A benchmark, not a test: it prints a markdown table and asserts nothing.
+Not part of scripts/bench.sh: writes out/bench/spawn.json and prints its table.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import platform
-import shlex
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +24,9 @@ from pathlib import Path
 
 import trio
 
+from benchmarks import harness, procfs
+from benchmarks.report import sections
+from benchmarks.stats import percentile
 from shard_worker.contract.pipe import Hello, Ready, SinkSpec, Start, Stop, WorkerSettings
 from supervisor.adapters.spawn import ChildHandle
 from supervisor.adapters.zygote_client import SpawnResult, ZygoteSpawner, spawn_fresh
@@ -61,18 +59,6 @@ async def _spawn_to_hello(spawn: Spawn, nursery: trio.Nursery, shard: str) -> Ch
     return child
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def _pss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no Pss line for pid {pid}")
-
-
 async def hello_latency(spawn: Spawn, trials: int) -> list[float]:
     samples = []
     async with trio.open_nursery() as nursery:
@@ -86,7 +72,8 @@ async def hello_latency(spawn: Spawn, trials: int) -> list[float]:
 
 async def death_latency(spawn: Spawn, trials: int) -> tuple[list[float], list[float]]:
     """SIGKILL -> our own pidfd readable (the kernel's part), and -> ``wait()`` returned."""
-    seen, waited = [], []
+    seen: list[float] = []
+    waited: list[float] = []
     async with trio.open_nursery() as nursery:
         for i in range(trials):
             child = await _spawn_to_hello(spawn, nursery, f"kill-{i}")
@@ -136,7 +123,7 @@ async def idle_pss(spawn: Spawn, count: int, out_dir: Path) -> float:
                         pass
                 nursery.start_soon(_reports, child)
             await trio.sleep(1.0)  # let every child settle into its idle loop
-            pss = [_pss_kib(child.pid) for child in children]
+            pss = [procfs.pss_kib(child.pid) for child in children]
         finally:
             with trio.CancelScope(shield=True):
                 for child in children:
@@ -154,18 +141,18 @@ async def measure(
 ) -> dict[str, float]:
     results: dict[str, float] = {}
     hello = await hello_latency(spawn, trials)
-    results["hello_p50"] = _percentile(hello, 0.5) * 1e3
-    results["hello_p99"] = _percentile(hello, 0.99) * 1e3
+    results["hello_p50"] = percentile(hello, 0.5) * 1e3
+    results["hello_p99"] = percentile(hello, 0.99) * 1e3
     for count in counts:
         results[f"pss_{count}"] = await idle_pss(spawn, count, out_dir)
     seen, waited = await death_latency(spawn, trials)
     for key, samples in (("seen", seen), ("death", waited)):
-        results[f"{key}_p50"] = _percentile(samples, 0.5) * 1e3
-        results[f"{key}_p99"] = _percentile(samples, 0.99) * 1e3
+        results[f"{key}_p50"] = percentile(samples, 0.5) * 1e3
+        results[f"{key}_p99"] = percentile(samples, 0.99) * 1e3
     return results
 
 
-async def main_async(trials: int, counts: tuple[int, ...]) -> None:
+async def measure_both(trials: int, counts: tuple[int, ...]) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="bench-spawn-") as tmp:
         spawner = ZygoteSpawner()
         async with trio.open_nursery() as nursery:
@@ -176,40 +163,28 @@ async def main_async(trials: int, counts: tuple[int, ...]) -> None:
             zygote_pid = spawner.zygote_pid
             assert zygote_pid is not None
             warm = await measure(spawner.spawn, trials, counts, Path(tmp))
-            zygote_pss = _pss_kib(zygote_pid) / 1024
+            zygote_pss = procfs.pss_kib(zygote_pid) / 1024
             nursery.cancel_scope.cancel()
         fresh = await measure(spawn_fresh, trials, counts, Path(tmp))
-
-    rows = [
-        ("spawn -> Hello p50 (ms)", "hello_p50"),
-        ("spawn -> Hello p99 (ms)", "hello_p99"),
-        *((f"PSS per idle child, {n} running (MiB)", f"pss_{n}") for n in counts),
-        ("SIGKILL -> pidfd readable p50 (ms)", "seen_p50"),
-        ("SIGKILL -> pidfd readable p99 (ms)", "seen_p99"),
-        ("SIGKILL -> wait() p50 (ms)", "death_p50"),
-        ("SIGKILL -> wait() p99 (ms)", "death_p99"),
-    ]
-    python = f"{platform.python_implementation()} {platform.python_version()}"
-    print(f"\n{trials} trials; {python}, Linux {platform.release()}, {os.cpu_count()} CPUs\n")
-    print("| metric | warm (zygote) | fresh | fresh / warm |")
-    print("|---|---:|---:|---:|")
-    for label, key in rows:
-        ratio = fresh[key] / warm[key] if warm[key] else float("nan")
-        print(f"| {label} | {warm[key]:.2f} | {fresh[key]:.2f} | {ratio:.1f}x |")
-    print(f"\nThe zygote itself (shared by all warm children): PSS {zygote_pss:.1f} MiB")
-    print(f"\ncommand: {shlex.join(['python', *sys.argv])}")
+    return {
+        "trials": trials,
+        "counts": counts,
+        "warm": warm,
+        "fresh": fresh,
+        "zygote_pss_mib": zygote_pss,
+    }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=50, help="latency samples per mode")
-    parser.add_argument("--quick", action="store_true", help="10 trials, 8 idle children only")
-    args = parser.parse_args(argv)
+def main() -> None:
+    parser = harness.arguments(__doc__, trials=50)
+    args = parser.parse_args()
+    harness.interruptible()
     logging.basicConfig(level=logging.WARNING)  # the spawner's warnings, if any
     trials, counts = (min(args.trials, 10), (8,)) if args.quick else (args.trials, (8, 32))
-    trio.run(main_async, trials, counts)
-    return 0
+    with harness.recorded("spawn", args.quick) as results:
+        results.update(trio.run(measure_both, trials, counts))
+    print(sections(["spawn"]))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,0 +1,277 @@
+"""Real supervisor processes on one machine: their config files, processes, a view of the table.
+
+The end-to-end tests, ``shardvisor demo`` and the benchmarks start supervisors this one way:
+``python -m supervisor run -c <worker>.toml`` in the fleet's work directory, each in a process
+group of its own (a "host": a group-wide SIGKILL takes its zygote and children with it), its
+output in ``<worker>.log``, its sink files under ``out/``. What differs between them is only the
+config they render (``settings``) and how they wait.
+
+The process helpers at the end read ``/proc`` (Linux), as the supervisor itself does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+from supervisor.core.items import Snapshot
+from supervisor.devtools.sink_audit import StreamAudit, audit_sink_dir
+
+SINK_PATH = "out/{shard}/{stream}.{epoch}.jsonl"  # relative to the work directory
+REGION = "us-east-1"
+ZYGOTE_MODULE = "shard_worker.zygote"
+
+
+@attrs.define
+class Fleet:
+    """Supervisors sharing one table and one feed; ``shards`` maps each shard to its streams."""
+
+    workdir: Path
+    ddb_url: str  # the table as the fleet's own reads see it (a supervisor's may differ)
+    table: str
+    feed_url: str  # ws://HOST:PORT/feed: a stream is <feed_url>/<stream>?after={after}
+    shards: Mapping[str, Sequence[str]]
+    # Config sections besides [worker] and [shards], e.g. {"lease": {"duration": "3s"}};
+    # ``overrides`` is merged over them, section by section (a test's or a run's tweak).
+    settings: dict[str, dict[str, object]] = attrs.field(factory=dict)
+    overrides: dict[str, dict[str, object]] = attrs.field(factory=dict)
+    procs: dict[str, trio.Process] = attrs.field(factory=dict)
+    _groups: set[int] = attrs.field(factory=set, init=False)  # every group ever started
+    _store: DynamoLeaseStore | None = attrs.field(default=None, init=False)
+
+    @property
+    def store(self) -> DynamoLeaseStore:
+        if self._store is None:
+            self._store = DynamoLeaseStore(self.table, REGION, self.ddb_url)
+        return self._store
+
+    # --- config and processes -------------------------------------------------------------
+
+    def config_text(self, worker: str) -> str:
+        sections: dict[str, dict[str, object]] = {
+            "worker": {"id": worker},
+            "dynamodb": {"table": self.table, "endpoint_url": self.ddb_url},
+            "sink": {"path": SINK_PATH},
+        }
+        for extra in (self.settings, self.overrides):
+            for section, values in extra.items():
+                sections.setdefault(section, {}).update(values)
+        lines = []
+        for section, values in sections.items():
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+        for shard, streams in self.shards.items():
+            lines.append(f'[[shards]]\nid = "{shard}"')
+            for stream in streams:
+                url = f"{self.feed_url}/{stream}?after={{after}}"
+                lines.append(f'[[shards.streams]]\nid = "{stream}"\nurl = "{url}"')
+                lines.append('sequence = "seq"')
+        return "\n".join(lines) + "\n"
+
+    def write_config(self, worker: str) -> Path:
+        path = self.workdir / f"{worker}.toml"
+        path.write_text(self.config_text(worker))
+        return path
+
+    async def start(
+        self, worker: str, env: dict[str, str] | None = None, stdout: Path | None = None
+    ) -> trio.Process:
+        """Start a supervisor; its stdout and stderr go to ``<worker>.log``, or its stdout to
+        ``stdout`` when given (a stdout sink's records)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.write_config(worker)
+        with (
+            (self.workdir / f"{worker}.log").open("ab") as log,
+            stdout.open("ab") if stdout is not None else contextlib.nullcontext(log) as out,
+        ):
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                start_new_session=True,  # its own process group, for group-wide signals
+            )
+        self.procs[worker] = proc
+        self._groups.add(proc.pid)
+        return proc
+
+    def reload(self, worker: str) -> None:
+        """Rewrite the worker's file from ``shards`` and the settings, then SIGHUP it."""
+        self.write_config(worker)
+        self.procs[worker].send_signal(signal.SIGHUP)
+
+    def kill(self, worker: str, signum: int = signal.SIGKILL) -> None:
+        self.procs[worker].send_signal(signum)
+
+    def live(self) -> list[str]:
+        return [worker for worker, proc in self.procs.items() if proc.returncode is None]
+
+    def log(self, worker: str) -> str:
+        return (self.workdir / f"{worker}.log").read_text(errors="replace")
+
+    async def stop_all(self, grace: float = 8.0) -> dict[str, int | None]:
+        """SIGTERM every live supervisor at once (draining peers take nothing), SIGKILL those
+        still running after ``grace`` seconds; their exit codes. Children of a supervisor killed
+        alone are left to exit by themselves (see ``end_groups``)."""
+        with trio.CancelScope(shield=True):
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                for proc in self.procs.values():
+                    await proc.wait()
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return {worker: proc.returncode for worker, proc in self.procs.items()}
+
+    async def end_groups(self, grace: float = 5.0) -> list[int]:
+        """After ``stop_all``: wait up to ``grace`` seconds for what is left in the fleet's
+        process groups (zygotes, children of a supervisor killed alone), then SIGKILL it;
+        returns the pids that had to be killed."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(grace):
+                while any(group_members(pgid) for pgid in self._groups):
+                    await trio.sleep(0.1)
+            killed = [pid for pgid in sorted(self._groups) for pid in group_members(pgid)]
+            for pid in killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return killed
+
+    # --- the table and the sink files -------------------------------------------------------
+
+    async def snapshot(self) -> Snapshot:
+        return await self.store.snapshot()
+
+    async def owners(self) -> dict[str, str]:
+        return {s.id: s.owner for s in (await self.snapshot()).shards}
+
+    async def wait_until_owned(self, *, by: Sequence[str] | None = None, timeout: float) -> float:
+        """Seconds until every shard has an owner (among ``by`` if given)."""
+        start = trio.current_time()
+        with trio.fail_after(timeout):
+            while True:
+                owners = await self.owners()
+                if len(owners) == len(self.shards) and all(
+                    o and (by is None or o in by) for o in owners.values()
+                ):
+                    return trio.current_time() - start
+                await trio.sleep(0.05)
+
+    def sink(self, shard: str, stream: str, epoch: int) -> Path:
+        return self.workdir / SINK_PATH.format(shard=shard, stream=stream, epoch=epoch)
+
+    def audit(self) -> dict[str, StreamAudit]:
+        return audit_sink_dir(self.workdir / "out")
+
+    async def wait_written(self, stream: str, seq: int, timeout: float) -> None:
+        with trio.fail_after(timeout):
+            while self.audit().get(stream, StreamAudit(stream)).max_seq < seq:
+                await trio.sleep(0.05)
+
+
+def shards_of(snapshot: Snapshot, worker: str) -> list[str]:
+    return sorted(s.id for s in snapshot.shards if s.owner == worker)
+
+
+def owners_view(snapshot: Snapshot, workers: Sequence[str]) -> str:
+    """``w1: s1 s4 | w2: s2 | w3: - | unowned: s3``: who holds what, in one line."""
+    parts = [f"{w}: {' '.join(shards_of(snapshot, w)) or '-'}" for w in workers]
+    unowned = [s.id for s in snapshot.shards if not s.owner]
+    return " | ".join(parts) + (f" | unowned: {' '.join(unowned)}" if unowned else "")
+
+
+def epochs_view(snapshot: Snapshot) -> str:
+    """``s1=w1@3 s2=-@1``: every shard's owner and epoch, in one line."""
+    return " ".join(f"{s.id}={s.owner or '-'}@{s.epoch}" for s in snapshot.shards)
+
+
+# --- processes (from /proc) -----------------------------------------------------------------
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parents[int(entry.name)] = int(_stat_fields(entry.name)[1])
+    return parents
+
+
+def zygote_pids(supervisor_pid: int) -> list[int]:
+    return sorted(
+        pid
+        for pid, ppid in _parents().items()
+        if ppid == supervisor_pid and ZYGOTE_MODULE in _cmdline(pid)
+    )
+
+
+def child_pids(supervisor_pid: int) -> list[int]:
+    """The shard workers of a supervisor: its children when spawned fresh, the zygote's
+    children when forked by the zygote (the zygote process itself is not a worker)."""
+    parents = _parents()
+    zygotes = {
+        pid
+        for pid, ppid in parents.items()
+        if ppid == supervisor_pid and ZYGOTE_MODULE in _cmdline(pid)
+    }
+    return sorted(
+        pid
+        for pid, ppid in parents.items()
+        if (ppid == supervisor_pid and pid not in zygotes) or ppid in zygotes
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        return _stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def is_fleet_process(pid: int) -> bool:
+    """A supervisor, zygote or shard worker (and not a pid reused by a stranger)."""
+    command = _cmdline(pid)
+    return "supervisor" in command or "shard_worker" in command
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live fleet processes in process group ``pgid`` (a supervisor's group: it, its zygote and
+    its children, which stay in the group even after the supervisor died)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _ppid, group = _stat_fields(entry.name)[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z" and is_fleet_process(int(entry.name)):
+            found.append(int(entry.name))
+    return found
