@@ -90,6 +90,7 @@ class DynamoLeaseStore:
                 ConsistentRead=True,
             )
             old = response.get("Item")
+            condition: dict[str, Any]
             if old is None:
                 new, condition = worker, {"ConditionExpression": "attribute_not_exists(pk)"}
             else:
