@@ -222,7 +222,7 @@ def _cmd_run(config: Config, args: argparse.Namespace) -> int:
     )
     setup_logging(config.log.level, worker_id, config.log.format)
     if not config.tls.verify:
-        from shard_worker.drivers.reader import VERIFY_OFF_WARNING
+        from shard_worker.adapters.tls import VERIFY_OFF_WARNING
 
         log.warning(VERIFY_OFF_WARNING)
     # zygote: children fork from a warm pre-imported process (ms, shared memory); fresh: exec each.

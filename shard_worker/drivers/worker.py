@@ -18,6 +18,7 @@ import trio
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
+from shard_worker.adapters.websocket import TrioWebSocket
 from shard_worker.contract.pipe import (
     PROTOCOL_VERSION,
     Checkpoint,
@@ -33,9 +34,10 @@ from shard_worker.contract.pipe import (
     header_secrets,
 )
 from shard_worker.core.sequence import SequencePath
+from shard_worker.drivers.fence import FenceExpired, FenceGuard, trio_deadline
 from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
 from shard_worker.drivers.reader import Placeholders, StreamReader
-from shard_worker.drivers.recorder import FenceExpired, FenceGuard, Recorder, trio_deadline
+from shard_worker.drivers.recorder import Recorder
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -267,6 +269,10 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
     async with trio.open_nursery() as nursery:
         if pipeline is not None:
             await nursery.start(pipeline.run)
+        transport = TrioWebSocket(
+            max_message_size=start.sink.max_message_size,
+            connect_timeout=start.settings.connect_timeout,
+        )
         readers = [
             StreamReader(
                 spec,
@@ -274,8 +280,8 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
                 settings=start.settings,
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
+                transport=transport,
                 sender=pipeline.sender() if pipeline is not None else None,
-                max_message_size=start.sink.max_message_size,
             )
             for spec in start.streams
         ]
