@@ -250,16 +250,12 @@ async def _open_stream(
 
 
 def _the_one(exc: BaseException) -> BaseException:
-    """The exception that explains a nursery's group: the block's own, or the reader task's
-    (a rejected upgrade); a Cancelled only when there is nothing else."""
-    leaves = _leaves(exc)
-    return next((leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)), leaves[0])
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
+    """What a nursery's group stands for: the block's own error (itself a group, perhaps), or
+    the reader task's (a rejected upgrade); a Cancelled only when there is nothing else."""
     if not isinstance(exc, BaseExceptionGroup):
-        return [exc]
-    return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+        return exc
+    inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)] or exc.exceptions
+    return inner[0]
 
 
 def _reraise(exc: BaseException) -> NoReturn:
