@@ -57,6 +57,7 @@ PRELOAD = (
     "shard_worker.core.frames",
     "shard_worker.core.batcher",
     "shard_worker.adapters.sinks",
+    "shard_worker.adapters.sinks.batch",
     "shard_worker.adapters.sinks.handler",
     "shard_worker.adapters.sinks.stdout",
     "shard_worker.core.sequence",

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from shard_worker.adapters.log import Log, RateLimitedCount
-from shard_worker.adapters.sinks import DeliveryFailed, Sink
+from shard_worker.adapters.sinks.batch import DeliveryFailed, Sink
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink
 from shard_worker.contract.pipe import SinkSpec
 from shard_worker.core.batcher import Batch, Batcher, Oversized

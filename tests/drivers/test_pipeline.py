@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from shard_worker.adapters.log import Log
-from shard_worker.adapters.sinks import DeliveryFailed
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.handler import HandlerSink, is_async, load_handler
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink
 from shard_worker.contract.pipe import SinkSpec
