@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fresh machine -> whole test suite: Python test dependencies in .venv, dynalite from npm (pinned in
-# package-lock.json), ruff, then pytest. The DynamoDB-compatible servers (moto's server, dynalite)
+# package-lock.json), ruff, mypy, then pytest. The DynamoDB-compatible servers (moto's server, dynalite)
 # are started by the tests themselves on 127.0.0.1 and stopped when they end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,5 +15,6 @@ if [ ! -x node_modules/.bin/dynalite ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy supervisor shard_worker
 # pytest exits 5 when it collected no test: that fails this script too, on purpose.
 exec .venv/bin/python -m pytest "$@"

@@ -36,6 +36,7 @@ from benchmarks.report import sections
 from benchmarks.stats import summary
 from benchmarks.throughput_feed import PAYLOAD_BYTES
 from shard_worker.adapters.pipes import MessageChannel
+from shard_worker.adapters.websocket import RECEIVE_BUFFER_BYTES
 from shard_worker.contract.pipe import (
     Heartbeat,
     Hello,
@@ -47,7 +48,6 @@ from shard_worker.contract.pipe import (
     StreamSpec,
     WorkerSettings,
 )
-from shard_worker.drivers.reader import RECEIVE_BUFFER_BYTES
 from supervisor.devtools.servers import ServerProcess, accepts_tcp, start_server
 
 # The feed on one CPU, every receiver on another: less noise from the scheduler's placement.

@@ -29,11 +29,11 @@ from typing import Any
 import trio
 
 from shard_worker.adapters.log import Log, RateLimitedCount
-from shard_worker.adapters.sinks import DeliveryFailed, Sink
+from shard_worker.adapters.sinks.batch import DeliveryFailed, Sink
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink
 from shard_worker.contract.pipe import SinkSpec
 from shard_worker.core.batcher import Batch, Batcher, Oversized
-from shard_worker.drivers.recorder import FenceGuard
+from shard_worker.drivers.fence import FenceGuard
 from shard_worker.records import Record
 
 FAILURE_LOG_INTERVAL = 1.0

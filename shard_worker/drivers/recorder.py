@@ -8,76 +8,26 @@ Two doors, one per kind of sink:
 - ``Recorder``: the jsonl sink, written synchronously by the stream readers (one buffered
   write per message, no queue: the fast path). A reader that writes is not reading, so a slow
   disk slows the feed down through TCP by itself.
-- ``shard_worker.drivers.pipeline.BatchPipeline``: every other kind, through a bounded channel and a
-  sink task that batches and delivers.
+- ``shard_worker.drivers.pipeline.BatchPipeline``: every other kind, through a bounded channel
+  and a sink task that batches and delivers.
 
-Both share a ``FenceGuard`` with the dead-letter sink.
+Both share a ``FenceGuard`` (drivers/fence.py) with the dead-letter sink.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import trio
+import attrs
 
-from shard_worker.adapters.sinks.jsonl import DeadLetterSink, JsonlSink
-
-
-class FenceExpired(Exception):
-    """The lease may be lost: a peer may own the shard, so writing would make a second writer."""
-
-
-def trio_deadline(monotonic_deadline: float) -> float:
-    """A time.monotonic() deadline on trio's clock (which has a random offset)."""
-    return trio.current_time() + (monotonic_deadline - time.monotonic())
-
-
-class FenceGuard:
-    """The fence deadline (time.monotonic() of this host), moved by Fence messages.
-
-    ``check()`` before a write; ``delivering()`` around an awaited delivery: it refuses to
-    start at or after the deadline and cancels the delivery when the deadline passes (moving
-    the deadline moves the cancellation too)."""
-
-    def __init__(self, deadline: float) -> None:
-        self._deadline = deadline
-        self._scopes: set[trio.CancelScope] = set()
-
-    @property
-    def deadline(self) -> float:
-        return self._deadline
-
-    @deadline.setter
-    def deadline(self, value: float) -> None:
-        self._deadline = value
-        if self._scopes:
-            at = trio_deadline(value)
-            for scope in self._scopes:
-                scope.deadline = at
-
-    def check(self) -> None:
-        if time.monotonic() >= self._deadline:
-            raise FenceExpired("fence deadline passed: lease may be lost")
-
-    @contextmanager
-    def delivering(self) -> Iterator[None]:
-        self.check()
-        scope = trio.CancelScope(deadline=trio_deadline(self._deadline))
-        self._scopes.add(scope)
-        try:
-            with scope:
-                yield
-        finally:
-            self._scopes.discard(scope)
-        if scope.cancelled_caught:
-            raise FenceExpired("fence deadline passed during a delivery: lease may be lost")
+from shard_worker.adapters.sinks.jsonl import DeadLetterSink, JsonlSink, LineWriter
+from shard_worker.drivers.fence import FenceExpired, FenceGuard
 
 
 class Recorder:
-    """The jsonl door: ``write`` is synchronous, ``flush`` makes the checkpoint durable."""
+    """The jsonl door: ``writer(stream)`` writes synchronously, ``flush`` makes the checkpoint
+    durable."""
 
     def __init__(
         self,
@@ -91,9 +41,7 @@ class Recorder:
             fence_deadline if isinstance(fence_deadline, FenceGuard) else FenceGuard(fence_deadline)
         )
         self.dead_letters = dead_letters
-        self.written = 0  # records written since start, all streams
-        self._last = dict(checkpoint)  # last written seq per sequenced stream
-        self.written_by_stream: dict[str, int] = {}
+        self._tallies = {stream: _Tally(last=seq) for stream, seq in checkpoint.items()}
         self.dead_lettered_by_stream: dict[str, int] = {}  # (jsonl gives up on nothing)
 
     @property
@@ -104,52 +52,42 @@ class Recorder:
     def fence_deadline(self, value: float) -> None:
         self.fence.deadline = value
 
-    def write(
-        self,
-        stream: str,
-        seq: int | None,
-        data: Any,
-        encoding: str | None = None,
-        data_json: str | None = None,
-    ) -> None:
-        """Write one record unless the fence deadline has passed (then raise FenceExpired)."""
-        if time.monotonic() >= self.fence._deadline:
-            raise FenceExpired("fence deadline passed: lease may be lost")
-        self.sink.write(stream, seq, data, encoding, data_json)
-        self.written += 1
-        self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + 1
-        if seq is not None:
-            self._last[stream] = seq
-
-    def writer(self, stream: str) -> Callable[[int | None, str], None]:
-        """``write`` of one stream for a record whose data is JSON text already (the message
-        as received), in one call: the fence check, the line, the counts. The jsonl hot path
-        (StreamReader); everything else goes through ``write``."""
+    def writer(self, stream: str) -> LineWriter:
+        """The write of one stream, ``(seq, data, encoding, data_json)`` (JsonlSink.write):
+        the fence check, the line, the counts, in one call. Raises FenceExpired once the fence
+        deadline has passed (nothing is written then)."""
         fence = self.fence
         monotonic = time.monotonic
         write_line = self.sink.line_writer(stream)
-        last = self._last
-        counts = self.written_by_stream
-        counts.setdefault(stream, 0)
+        tally = self._tallies.setdefault(stream, _Tally())
 
-        def write(seq: int | None, data_json: str) -> None:
+        def write(seq: int | None, data: Any, encoding: str, data_json: str | None) -> None:
             if monotonic() >= fence._deadline:
                 raise FenceExpired("fence deadline passed: lease may be lost")
-            write_line(seq, data_json)
-            self.written += 1
-            counts[stream] += 1
+            write_line(seq, data, encoding, data_json)
+            tally.written += 1
             if seq is not None:
-                last[stream] = seq
+                tally.last = seq
 
         return write
 
+    @property
+    def written(self) -> int:
+        """Records written since start, all streams."""
+        return sum(tally.written for tally in self._tallies.values())
+
+    @property
+    def written_by_stream(self) -> dict[str, int]:
+        return {stream: tally.written for stream, tally in self._tallies.items()}
+
     def last(self, stream: str) -> int:
         """Last sequence written for ``stream`` (or resumed from), 0 if none."""
-        return self._last.get(stream, 0)
+        tally = self._tallies.get(stream)
+        return 0 if tally is None or tally.last is None else tally.last
 
     def checkpoint(self) -> dict[str, int]:
         """Last written sequence per stream: only durable once ``flush()`` has run."""
-        return dict(self._last)
+        return {s: tally.last for s, tally in self._tallies.items() if tally.last is not None}
 
     def flush(self) -> dict[str, int]:
         """Flush the dead letters and the sink; returns the checkpoint the flush made durable."""
@@ -184,3 +122,12 @@ class Recorder:
         finally:
             if self.dead_letters is not None:
                 self.dead_letters.close()
+
+
+@attrs.define
+class _Tally:
+    """One stream's writes, counted where they happen (slots: cheaper per write than dicts
+    keyed by stream): how many, and the last sequence number (None: none yet)."""
+
+    written: int = 0
+    last: int | None = None

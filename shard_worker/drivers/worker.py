@@ -19,6 +19,7 @@ from shard_worker.adapters.last_will import give_last_will
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
+from shard_worker.adapters.websocket import TrioWebSocket
 from shard_worker.contract.exit_codes import ChildExit
 from shard_worker.contract.pipe import (
     PROTOCOL_VERSION,
@@ -35,9 +36,10 @@ from shard_worker.contract.pipe import (
     header_secrets,
 )
 from shard_worker.core.sequence import SequencePath
+from shard_worker.drivers.fence import FenceExpired, FenceGuard, trio_deadline
 from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
 from shard_worker.drivers.reader import Placeholders, StreamReader
-from shard_worker.drivers.recorder import FenceExpired, FenceGuard, Recorder, trio_deadline
+from shard_worker.drivers.recorder import Recorder
 
 START_TIMEOUT = 10.0
 REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
@@ -121,14 +123,14 @@ def _open_output(start: Start, log: Log) -> Output:
     )
     checkpoint = _resume_checkpoint(start)
     if spec.kind == "jsonl":
-        sink = open_sink(
+        jsonl = open_sink(
             spec,
             shard=start.shard,
             epoch=start.epoch,
             worker=start.worker,
             streams=[stream.id for stream in start.streams],
         )
-        return Recorder(sink, fence, checkpoint, dead_letters)
+        return Recorder(jsonl, fence, checkpoint, dead_letters)
     from shard_worker.adapters.sinks import open_batch_sink
 
     pipeline: BatchPipeline | None = None
@@ -247,6 +249,10 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
     async with trio.open_nursery() as nursery:
         if pipeline is not None:
             await nursery.start(pipeline.run)
+        transport = TrioWebSocket(
+            max_message_size=start.sink.max_message_size,
+            connect_timeout=start.settings.connect_timeout,
+        )
         readers = [
             StreamReader(
                 spec,
@@ -254,8 +260,8 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
                 settings=start.settings,
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
+                transport=transport,
                 sender=pipeline.sender() if pipeline is not None else None,
-                max_message_size=start.sink.max_message_size,
             )
             for spec in start.streams
         ]

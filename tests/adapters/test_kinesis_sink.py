@@ -14,7 +14,8 @@ import pytest
 import trio
 from botocore.exceptions import ClientError
 
-from shard_worker.adapters.sinks import DeliveryFailed, make_client
+from shard_worker.adapters.sinks.aws import make_client
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.kinesis import KinesisSink
 from shard_worker.core.batcher import Batch, Batcher, Oversized
 from shard_worker.records import Record, record_json

@@ -15,7 +15,8 @@ import pytest
 import trio
 from botocore.exceptions import ClientError
 
-from shard_worker.adapters.sinks import DeliveryFailed, make_client
+from shard_worker.adapters.sinks.aws import make_client
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.sqs import SqsSink, fifo_id
 from shard_worker.core.batcher import Batcher, Oversized
 from shard_worker.records import Record, record_json

@@ -12,7 +12,7 @@ import sys
 import pytest
 import trio
 
-from shard_worker.adapters.sinks import DeliveryFailed
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.jsonl import JsonlSink
 from shard_worker.adapters.sinks.stdout import StdoutSink
 from shard_worker.contract.pipe import SinkSpec

@@ -16,12 +16,12 @@ import trio
 import trio.testing
 
 from shard_worker.adapters.log import Log
-from shard_worker.adapters.sinks import DeliveryFailed
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.handler import HandlerSink, is_async, load_handler
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink
 from shard_worker.contract.pipe import SinkSpec
+from shard_worker.drivers.fence import FenceExpired, FenceGuard
 from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
-from shard_worker.drivers.recorder import FenceExpired, FenceGuard
 from shard_worker.records import Record, record_json
 
 

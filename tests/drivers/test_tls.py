@@ -20,8 +20,16 @@ import trio
 import trustme
 from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker
 
-from shard_worker.contract.pipe import Checkpoint, Ready, Stop, Stopped, StreamSpec, WorkerSettings
-from shard_worker.drivers.reader import VERIFY_OFF_WARNING, client_tls_context
+from shard_worker.adapters.tls import client_tls_context
+from shard_worker.contract.pipe import (
+    VERIFY_OFF_WARNING,
+    Checkpoint,
+    Ready,
+    Stop,
+    Stopped,
+    StreamSpec,
+    WorkerSettings,
+)
 from supervisor.config.loading import ConfigError, load_document, parse_config
 from supervisor.devtools.feed import FeedServer
 

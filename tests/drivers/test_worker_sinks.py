@@ -16,7 +16,7 @@ import trio
 from helpers.worker_helpers import make_start, read_records, spawn_worker
 from test_shard_worker import serve_script
 
-from shard_worker.adapters.sinks import make_client
+from shard_worker.adapters.sinks.aws import make_client
 from shard_worker.contract.pipe import (
     Checkpoint,
     Error,

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from shard_worker.adapters.sinks import DeliveryFailed
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.core.backoff import Backoff
 from shard_worker.records import Record, record_json
 

@@ -31,6 +31,9 @@ from shard_worker.records import Record, record_dict
 
 FLUSH_BYTES = 64 * 1024
 
+# One stream's record writer: (seq, data, encoding, data_json); see JsonlSink.write.
+LineWriter = Callable[[int | None, Any, str, str | None], None]
+
 # ensure_ascii (the default) keeps every line ASCII: lone surrogates from JSON escapes survive.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -147,9 +150,9 @@ class JsonlSink(_FileSet):
         self._fsync = spec.fsync
         self._closed = False
         self._files: dict[str, _SinkFile] = {}
-        self._prefixes: dict[str, str] = {}
+        self._writers: dict[str, LineWriter] = {}
         # Everything but seq, ts and data is constant per stream: render it once.
-        self._middle = f',"epoch":{epoch},"worker":{_encode(worker)},"ts":'
+        middle = f',"epoch":{epoch},"worker":{_encode(worker)},"ts":'
         try:
             for stream in streams:
                 path = render_path(
@@ -158,7 +161,8 @@ class JsonlSink(_FileSet):
                 self._files[stream] = _SinkFile(
                     Path(path), rotate_bytes=spec.rotate_bytes, fsync=spec.fsync
                 )
-                self._prefixes[stream] = f'{{"shard":{_encode(shard)},"stream":{_encode(stream)}'
+                prefix = f'{{"shard":{_encode(shard)},"stream":{_encode(stream)},"seq":'
+                self._writers[stream] = self._line_writer(self._files[stream], prefix, middle)
         except BaseException:
             for sink_file in self._files.values():
                 sink_file.close()
@@ -178,38 +182,28 @@ class JsonlSink(_FileSet):
         """Buffer one record; ``encoding`` ("base64") is added only for binary payloads.
 
         ``data_json``: ``data`` as JSON text already (the message as received, when it is
-        ASCII on one line: see StreamReader.handle), written as is instead of encoding
-        ``data`` again — the same JSON value, without a second pass over it."""
-        if self._closed:
-            raise RuntimeError("write to a closed sink")
-        tail = "}\n" if encoding is None else f',"encoding":{_encode(encoding)}}}\n'
-        line = (
-            f'{self._prefixes[stream]},"seq":{"null" if seq is None else seq}{self._middle}'
-            f'{time.time()!r},"data":{_encode(data) if data_json is None else data_json}{tail}'
-        )
-        sink_file = self._files[stream]  # _SinkFile.append, inlined: this runs per message
-        sink_file._lines.append(line)
-        sink_file.pending += len(line)
-        if sink_file.pending >= FLUSH_BYTES:
-            sink_file.write_out()
+        ASCII on one line: see shard_worker/core/frames.py), written as is instead of encoding
+        ``data`` again: the same JSON value, without a second pass over it."""
+        self._writers[stream](seq, data, encoding or "", data_json)
 
-    def line_writer(self, stream: str) -> Callable[[int | None, str], None]:
-        """``write`` for one stream's common case, as a closure over what is constant: a
-        record whose data is JSON text already (``data_json``), no encoding. The hot path of a
-        busy stream (see Recorder.writer): no lookups, no second call per message."""
-        prefix = f'{self._prefixes[stream]},"seq":'
-        middle = f"{self._middle}"
-        sink_file = self._files[stream]
+    def line_writer(self, stream: str) -> LineWriter:
+        """``write`` of one stream, ``(seq, data, encoding, data_json)``: the hot path of a busy
+        stream (see Recorder.writer), with nothing to look up per record."""
+        return self._writers[stream]
+
+    def _line_writer(self, sink_file: _SinkFile, prefix: str, middle: str) -> LineWriter:
         lines = sink_file._lines  # (write_out clears it in place: the same list throughout)
         wall = time.time
 
-        def write(seq: int | None, data_json: str) -> None:
+        def write(seq: int | None, data: Any, encoding: str, data_json: str | None) -> None:
             if self._closed:
                 raise RuntimeError("write to a closed sink")
-            line = (
-                f'{prefix}{"null" if seq is None else seq}{middle}{wall()!r},"data":{data_json}}}\n'
-            )
-            lines.append(line)
+            if data_json is None:
+                data_json = _encode(data)
+            tail = f',"encoding":{_encode(encoding)}}}\n' if encoding else "}\n"
+            seq_json = "null" if seq is None else seq
+            line = f'{prefix}{seq_json}{middle}{wall()!r},"data":{data_json}{tail}'
+            lines.append(line)  # _SinkFile.append, inlined: this runs per message
             sink_file.pending += len(line)
             if sink_file.pending >= FLUSH_BYTES:
                 sink_file.write_out()
@@ -260,8 +254,8 @@ class DeadLetterSink(_FileSet):
         encoding: str = "",
     ) -> None:
         """A message of ``stream`` (or an event: ``data`` None) that never became a record."""
-        line = {"shard": self._shard, "stream": stream, "seq": seq, "epoch": self._epoch}
-        line |= {"worker": self._worker, "ts": time.time(), "data": data}
+        line: dict[str, Any] = {"shard": self._shard, "stream": stream, "seq": seq}
+        line |= {"epoch": self._epoch, "worker": self._worker, "ts": time.time(), "data": data}
         if encoding:
             line["encoding"] = encoding
         self._append(stream, {**line, "reason": reason, "error": error})

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from shard_worker.adapters.sinks import EntryFailure, deliver_entries, make_client
+from shard_worker.adapters.sinks.aws import EntryFailure, deliver_entries, make_client
 from shard_worker.core.backoff import Backoff
 from shard_worker.records import Record, record_json
 

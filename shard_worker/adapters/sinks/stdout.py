@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
 import trio
 
-from shard_worker.adapters.sinks import DeliveryFailed
+from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.records import Record, record_json
 
 MAX_RECORDS = 1000
@@ -72,3 +73,13 @@ class StdoutSink:
         self._closed = True
         with contextlib.suppress(OSError):  # the reader is gone: nothing left to deliver to
             await trio.to_thread.run_sync(self._stream.flush)
+
+
+def records_stdout() -> BinaryIO:
+    """A binary stream on the process's original standard output, for the records alone: fd 1
+    is then pointed at stderr, so a stray print (ours, a library's) can never get between two
+    records; it lands in the log instead."""
+    out = os.fdopen(os.dup(1), "wb")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return out
