@@ -1,10 +1,14 @@
-"""The WebSocket client, behind one narrow interface (``Transport``), with trio-websocket as its
-implementation.
+"""The WebSocket client, behind one narrow interface (``Transport``), and its trio-websocket
+implementation (the other, ``websockets``' Sans-I/O protocol, is adapters/websockets_transport.py;
+``[websocket] transport`` chooses, adapters/transports.py builds).
 
-The reader needs four things of a connection: open it (URL, extra headers, TLS), receive a
-message, send one (a subscribe request), close it with a code. ``connect`` is an async context
-manager, not a plain call: a trio WebSocket client runs a background task that reads the socket,
-and that task lives in a nursery of the ``async with``; leaving it closes the connection (1000).
+The reader needs these things of a connection: open it (URL, extra headers, TLS), receive the
+messages of one read from the socket, send one (a subscribe request), ping, close it with a
+code; and two facts: when the peer last sent anything (``last_frame_at``, for the keepalive) and
+which extensions the handshake agreed on (``extensions``, logged at connect). ``connect`` is an
+async context manager, not a plain call: a trio WebSocket client runs a background task that
+reads the socket, and that task lives in a nursery of the ``async with``; leaving it closes the
+connection (1000).
 
 Errors are our own, mapped once at the boundary (the ``async with``), never per message:
 
@@ -16,6 +20,8 @@ Errors are our own, mapped once at the boundary (the ``async with``), never per 
 
 ``receive`` and ``send`` are the library's own methods, not wrappers: the receive loop is the
 hot path, and the errors they raise reach the caller mapped when they leave the ``async with``.
+trio-websocket hands over one message at a time, so its ``receive_batch`` is a list of one; it
+negotiates no extension, so it never compresses.
 
 This adapter opens the TCP connection and does the TLS handshake itself, then hands the stream
 to trio-websocket for the upgrade (``wrap_client_stream``), so that it owns the socket: closed
@@ -49,6 +55,7 @@ RECEIVE_BUFFER_BYTES = 64 * 1024  # trio-websocket's 4 KiB default costs a sysca
 DISCONNECT_TIMEOUT = 1.0  # a close handshake must not hold up a stop or a fence exit
 TOO_LARGE = 1009
 _TOO_LARGE_REASON = "Exceeded maximum message size"  # trio-websocket's own close reason
+Stream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 
 class WebSocketError(Exception):
@@ -83,8 +90,22 @@ class MessageTooLarge(Closed):
 class Connection(Protocol):
     """One open WebSocket connection."""
 
+    # trio.current_time() when the peer last sent anything (a message, a pong, any frame).
+    last_frame_at: float
+    # The Sec-WebSocket-Extensions the server answered ("" = none), for the connect log line.
+    extensions: str
+
     def receive(self) -> Awaitable[str | bytes]:
         """The next message: text frames as str, binary frames as bytes."""
+        ...
+
+    def receive_batch(self) -> Awaitable[list[str | bytes]]:
+        """The next messages, at least one: every complete message of one read from the socket
+        where the transport can (the reader handles them in one go, not one await each)."""
+        ...
+
+    async def ping(self) -> None:
+        """Send a ping; its pong moves ``last_frame_at`` (nothing waits for it here)."""
         ...
 
     def send(self, message: str) -> Awaitable[None]:
@@ -111,18 +132,36 @@ class Transport(Protocol):
 class _TrioConnection:
     """A trio-websocket connection as a ``Connection``: its own methods, no wrapper."""
 
-    def __init__(self, ws: WebSocketConnection) -> None:
+    extensions = ""  # trio-websocket 0.12 negotiates none
+
+    def __init__(self, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
         self._ws = ws
+        self._nursery = nursery
         self.receive: Callable[[], Awaitable[str | bytes]] = ws.get_message
         self.send: Callable[[str], Awaitable[None]] = ws.send_message
+        self.last_frame_at = trio.current_time()
+
+    async def receive_batch(self) -> list[str | bytes]:
+        message = await self._ws.get_message()
+        self.last_frame_at = trio.current_time()
+        return [message]
+
+    async def ping(self) -> None:
+        """trio-websocket's ping waits for its pong: a task of the connection's nursery does
+        (a connection that closes meanwhile ends it with the rest)."""
+        self._nursery.start_soon(self._await_pong)
+
+    async def _await_pong(self) -> None:
+        await self._ws.ping()
+        self.last_frame_at = trio.current_time()
 
     async def close(self, code: int = 1000) -> None:
         await self._ws.aclose(code)
 
 
 @attrs.frozen
-class _Target:
-    """Where a ws:// or wss:// URL points, as trio-websocket would connect to it."""
+class Target:
+    """Where a ws:// or wss:// URL points (both transports connect the same way)."""
 
     host: str
     port: int
@@ -131,7 +170,7 @@ class _Target:
     secure: bool
 
     @classmethod
-    def of(cls, url: str) -> _Target:
+    def of(cls, url: str) -> Target:
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise ConnectFailed(f"not a WebSocket URL: {url!r}")
@@ -143,28 +182,40 @@ class _Target:
 
 
 @attrs.frozen
-class TrioWebSocket:
-    """The trio-websocket ``Transport``: no subprotocol, no extension."""
+class TransportSettings:
+    """What both transports are built with."""
 
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     connect_timeout: float = 10.0
     disconnect_timeout: float = DISCONNECT_TIMEOUT
     receive_buffer_size: int = RECEIVE_BUFFER_BYTES
 
+    async def open_stream(self, target: Target, tls: ssl.SSLContext | None) -> tuple[Stream, float]:
+        """The TCP (and TLS) stream, and the deadline the upgrade must meet: one
+        ``connect_timeout`` for the whole connect."""
+        with trio.move_on_after(self.connect_timeout) as connecting:
+            return await open_stream(target, tls), connecting.deadline
+        raise ConnectFailed(self._timed_out())
+
+    def _timed_out(self) -> str:
+        return f"ConnectionTimeout (no connection within {self.connect_timeout:g}s)"
+
+
+@attrs.frozen
+class TrioWebSocket(TransportSettings):
+    """The trio-websocket ``Transport``: no subprotocol, no extension."""
+
     @asynccontextmanager
     async def connect(
         self, url: str, headers: Sequence[tuple[str, str]], tls: ssl.SSLContext | None
     ) -> AsyncIterator[Connection]:
-        target = _Target.of(url)
-        with trio.move_on_after(self.connect_timeout) as connecting:
-            stream = await _open_stream(target, tls)
-        if connecting.cancelled_caught:
-            raise ConnectFailed(self._timed_out())
+        target = Target.of(url)
+        stream, deadline = await self.open_stream(target, tls)
         try:
             async with trio.open_nursery() as nursery:
-                ws = await self._upgrade(nursery, stream, target, headers, connecting.deadline)
+                ws = await self._upgrade(nursery, stream, target, headers, deadline)
                 try:
-                    yield _TrioConnection(ws)
+                    yield _TrioConnection(ws, nursery)
                 finally:
                     try:
                         with trio.move_on_after(self.disconnect_timeout):
@@ -183,8 +234,8 @@ class TrioWebSocket:
     async def _upgrade(
         self,
         nursery: trio.Nursery,
-        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
-        target: _Target,
+        stream: Stream,
+        target: Target,
         headers: Sequence[tuple[str, str]],
         deadline: float,
     ) -> WebSocketConnection:
@@ -200,9 +251,6 @@ class TrioWebSocket:
                 receive_buffer_size=self.receive_buffer_size,
             )
         raise ConnectFailed(self._timed_out())
-
-    def _timed_out(self) -> str:
-        return f"ConnectionTimeout (no connection within {self.connect_timeout:g}s)"
 
     def _mapped(self, exc: BaseException) -> BaseException:
         """Ours for the library's errors; anything else (the block's own errors) as it is."""
@@ -224,9 +272,7 @@ class TrioWebSocket:
         return Closed(reason.code, reason.name, text)
 
 
-async def _open_stream(
-    target: _Target, tls: ssl.SSLContext | None
-) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+async def open_stream(target: Target, tls: ssl.SSLContext | None) -> Stream:
     """The TCP connection, and for wss:// its TLS handshake done here: a failure is seen at
     once, with its reason (trio-websocket would start the handshake in its reader task)."""
     try:

@@ -59,6 +59,12 @@ class StreamSpec:
     # Sent with the opening handshake (e.g. Authorization); optional (added in v1): absent = none.
     # Values are secrets: never logged. JSON: a list of [name, value] pairs.
     headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_header_pairs)
+    # This stream's own [websocket] settings (optional, added in v1): None = WorkerSettings'.
+    # Seconds; 0 = off. See WorkerSettings for what each means.
+    ping_interval: float | None = None
+    ping_timeout: float | None = None
+    idle_timeout: float | None = None
+    compression: str | None = None  # "deflate" | "none"
 
 
 # Header values are kept out of every log line (headers carry tokens), except very short ones:
@@ -103,6 +109,9 @@ class SinkSpec:
     dead_letter: str = DEFAULT_DEAD_LETTER_PATH  # jsonl path template of the dead letters
 
 
+TRANSPORTS = ("websockets", "trio-websocket")  # WorkerSettings.transport, the default first
+
+
 @attrs.frozen
 class WorkerSettings:
     """What the child needs besides the shard: timings (all in seconds), log format, TLS."""
@@ -118,6 +127,13 @@ class WorkerSettings:
     redact: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     ca_bundle: str = ""  # PEM file of CAs for wss:// feeds; "" = the system's trust store
     verify_tls: bool = True  # False: no certificate check (logged as a warning at connect)
+    # [websocket] (optional, added in v1; absent = these defaults). A stream may override the
+    # last four (StreamSpec). Seconds; 0 = off.
+    transport: str = "websockets"  # websockets | trio-websocket
+    compression: str = "deflate"  # offer permessage-deflate | "none"
+    ping_interval: float = 20.0  # ping when nothing was received for this long
+    ping_timeout: float = 20.0  # no frame this long after a ping: reconnect ("ping_timeout")
+    idle_timeout: float = 0.0  # no message this long: reconnect ("idle")
 
 
 # What verify_tls = False means, logged by the supervisor at start and by the child at connect.
@@ -176,6 +192,12 @@ class Stop:
 
 # --- Child -> parent ---------------------------------------------------------------------------
 
+# Why a stream reconnected, counted per stream in Heartbeat.streams as "reconnect.<reason>":
+# the feed closed (or dropped) the connection; it could not be opened; a message was over
+# max_message_size; no answer to a ping; no message for idle_timeout.
+RECONNECT_REASONS = ("closed", "connect_failed", "too_large", "ping_timeout", "idle")
+RECONNECT_PREFIX = "reconnect."
+
 
 @attrs.frozen
 class Hello:
@@ -214,8 +236,13 @@ class Heartbeat:
     malformed: int = 0  # messages that could not be read (dead-lettered)
     # Per stream, counts since this child started (added in v1; absent = {}): received,
     # written (delivered, for batch sinks), duplicates, gaps, malformed (too large included),
-    # reconnects, dead_lettered. The supervisor turns them into metrics.
+    # reconnects, dead_lettered; and (optional, added in v1) "reconnect.<reason>" for each
+    # reason a stream reconnected for (RECONNECT_REASONS). The supervisor turns them into
+    # metrics.
     streams: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    # Streams silent for longer than their timeout now (optional, added in v1; absent = none):
+    # ``status`` shows them stale until they flow again.
+    stale: list[str] = attrs.field(factory=list)
 
 
 @attrs.frozen

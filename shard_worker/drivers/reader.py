@@ -4,10 +4,16 @@ The loop between three parts: the connection (a ``Transport``, adapters/websocke
 message becomes (the pure ``FrameDecoder``, core/frames.py) and the door to the sink (the
 ``Recorder``: jsonl, written synchronously; or the ``BatchPipeline``'s channel: every other kind).
 
-Messages are handled between two ``receive()`` calls, so cancellation (stop) can only land at
-the receive point: a message that was received is always written (jsonl: synchronously, by the
-Recorder) or handed to the sink task (other kinds: a send on the bounded channel, shielded from
-cancellation; while the channel is full the reader does not read, and TCP pushes back).
+The reader takes the messages of one socket read at once (``receive_batch``) and handles them
+between two receives, so cancellation (stop) can only land at the receive point: a message that
+was received is always written (jsonl: synchronously, by the Recorder) or handed to the sink task
+(other kinds: a send on the bounded channel, shielded from cancellation; while the channel is
+full the reader does not read, and TCP pushes back).
+
+Liveness (core/liveness.py): the receive waits until the keepalive's next deadline; then the
+reader pings, or gives the connection up (``ping_timeout``, ``idle``) and reconnects from the
+checkpoint like after any other break. Each reconnect is counted by its reason
+(``RECONNECT_REASONS``) and logged once per burst; a stream silent past its timeout is stale.
 
 A message that cannot be a record (malformed, or over ``max_message_size``) goes to the
 dead-letter sink with its reason, and is counted; the log says so once per burst.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit
 
@@ -27,10 +33,22 @@ import trio
 
 from shard_worker.adapters.log import Log, RateLimitedCount
 from shard_worker.adapters.tls import client_tls_context
-from shard_worker.adapters.websocket import Closed, ConnectFailed, MessageTooLarge, Transport
-from shard_worker.contract.pipe import VERIFY_OFF_WARNING, StreamSpec, WorkerSettings
+from shard_worker.adapters.websocket import (
+    Closed,
+    ConnectFailed,
+    Connection,
+    MessageTooLarge,
+    Transport,
+)
+from shard_worker.contract.pipe import (
+    RECONNECT_PREFIX,
+    VERIFY_OFF_WARNING,
+    StreamSpec,
+    WorkerSettings,
+)
 from shard_worker.core.backoff import Backoff
 from shard_worker.core.frames import DeadLetter, Entry, FrameDecoder, Gap
+from shard_worker.core.liveness import Due, Keepalive, LivenessSettings, Staleness
 from shard_worker.drivers.recorder import Recorder
 from shard_worker.records import Record
 
@@ -38,12 +56,21 @@ if TYPE_CHECKING:
     from shard_worker.drivers.pipeline import BatchPipeline
 
 MALFORMED_LOG_INTERVAL = 1.0
+RECONNECT_LOG_INTERVAL = 1.0
 
-Receive = Callable[[], Awaitable[str | bytes]]
+Batch = Sequence[str | bytes]
 
 
 class _SinkTaskGone(Exception):
     """The sink task closed its channel (the worker is exiting)."""
+
+
+class _GaveUp(Exception):
+    """The keepalive gave the connection up: ``due`` says why (ping_timeout, idle)."""
+
+    def __init__(self, due: Due, description: str) -> None:
+        super().__init__(description)
+        self.reason = due.value
 
 
 @attrs.frozen
@@ -103,6 +130,11 @@ class StreamReader:
         self.tracker = self.frames.tracker
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
         self.reconnects = 0
+        self.reconnect_reasons: dict[str, int] = {}  # RECONNECT_REASONS
+        self._reconnect_log = RateLimitedCount(RECONNECT_LOG_INTERVAL)
+        self._logged_reconnects = 0
+        self.liveness = LivenessSettings.of(spec, settings)
+        self.staleness = Staleness(self.liveness.stale_after, trio.current_time())
         self.dead_lettered = 0  # malformed or too large messages put in the dead-letter sink
         self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
 
@@ -119,13 +151,12 @@ class StreamReader:
         )
         try:
             while True:
-                delivered, problem = await self._connect_once()
+                delivered, problem, reason = await self._connect_once()
+                self.staleness.disconnected(trio.current_time())
                 if delivered:
                     backoff.reset()
                 delay = backoff.next_delay()
-                self.reconnects += 1
-                after = self.tracker.last
-                self._warning(f"{problem}; reconnecting in {delay:.3f}s (after={after})")
+                self._reconnecting(problem, reason, delay)
                 await trio.sleep(delay)
         except _SinkTaskGone:
             return  # the worker is exiting: nothing more to read for
@@ -133,34 +164,79 @@ class StreamReader:
             if self.sender is not None:
                 self.sender.close()
 
-    async def _connect_once(self) -> tuple[bool, str]:
-        """One connection, until it breaks: (did it deliver a message, what went wrong)."""
+    def _reconnecting(self, problem: str, reason: str, delay: float) -> None:
+        """Count the reconnect by its reason; log it, once per burst (with what the burst
+        held since the last line)."""
+        self.reconnects += 1
+        self.reconnect_reasons[reason] = self.reconnect_reasons.get(reason, 0) + 1
+        if not self._reconnect_log.hit():
+            return
+        quiet = self.reconnects - self._logged_reconnects - 1
+        self._logged_reconnects = self.reconnects
+        more = f"; {quiet} more reconnect(s) since the last line" if quiet > 0 else ""
+        after = self.tracker.last
+        self._warning(f"{problem}; reconnecting in {delay:.3f}s (after={after}){more}")
+
+    async def _connect_once(self) -> tuple[bool, str, str]:
+        """One connection, until it breaks: (did it deliver a message, what went wrong, the
+        reconnect reason)."""
         after = self.tracker.last
         url = self.placeholders.render(self.spec.url, after)
         received = self.received  # did this connection deliver a message: more than this
         try:
             tls = self._tls_context() if url.startswith("wss://") else None
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            return False, f"cannot load the TLS settings (tls.ca_bundle): {exc}"
+            return False, f"cannot load the TLS settings (tls.ca_bundle): {exc}", "connect_failed"
         try:
             async with self.transport.connect(url, self.spec.headers, tls) as connection:
-                self._info(f"connected to {_redact(url)} (after={after})")
+                self.staleness.connected()
+                extensions = connection.extensions or "none"
+                self._info(f"connected to {_redact(url)} (after={after}; extensions: {extensions})")
                 if self.spec.subscribe:
                     await connection.send(self.placeholders.render(self.spec.subscribe, after))
-                if self.sender is None:
-                    await self._write_loop(connection.receive)
-                else:
-                    await self._send_loop(connection.receive)
+                await self._read(connection)
+        except _GaveUp as exc:
+            return self.received > received, f"disconnected: {exc}", exc.reason
         except MessageTooLarge as exc:
             # Not a healthy connection: a feed that replays the message meets a growing
             # backoff (up to reconnect_max), not a tight reconnect loop.
             self._too_large(exc)
-            return False, f"disconnected: {exc}"
+            return False, f"disconnected: {exc}", "too_large"
         except Closed as exc:
-            return self.received > received, f"disconnected: {exc}"
+            return self.received > received, f"disconnected: {exc}", "closed"
         except ConnectFailed as exc:
-            return False, f"cannot connect to {_redact(url)}: {exc}"
-        raise AssertionError("unreachable: the read loops end only by raising")
+            return False, f"cannot connect to {_redact(url)}: {exc}", "connect_failed"
+        raise AssertionError("unreachable: the read loop ends only by raising")
+
+    async def _read(self, connection: Connection) -> NoReturn:
+        """Receive until the connection breaks or the keepalive gives it up. One clock read
+        and one cancel scope per batch (per socket read), not per message."""
+        keepalive = Keepalive(self.liveness, trio.current_time())
+        receive, staleness = connection.receive_batch, self.staleness
+        handle = self._write_batch if self.sender is None else self._send_batch
+        while True:
+            batch: Batch = ()
+            with trio.move_on_at(keepalive.deadline()):
+                batch = await receive()
+            now = trio.current_time()
+            if batch:
+                keepalive.received(now, messages=True)
+                staleness.delivered(now)
+                await handle(batch)
+                continue
+            keepalive.received(connection.last_frame_at, messages=False)
+            due = keepalive.due(now)
+            if due is Due.PING:
+                await connection.ping()
+                keepalive.pinged(now)
+            elif due is Due.PING_TIMEOUT:
+                raise _GaveUp(due, f"no answer to a ping within {self.liveness.ping_timeout:g}s")
+            elif due is Due.IDLE:
+                raise _GaveUp(due, f"no message for {self.liveness.idle_timeout:g}s (idle)")
+
+    def stale(self, now: float) -> bool:
+        """Silent for longer than its timeout (``now``: trio's clock)."""
+        return self.staleness.stale(now, self.liveness.idle_timeout)
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -169,27 +245,25 @@ class StreamReader:
             self._warning(VERIFY_OFF_WARNING)
         return self._tls
 
-    async def _write_loop(self, receive: Receive) -> NoReturn:
+    async def _write_batch(self, batch: Batch) -> None:
         """The jsonl door: each record written synchronously (Recorder)."""
         recorder = self.recorder
         assert isinstance(recorder, Recorder)  # (no sender: the jsonl door)
         accept, write, event = self.frames.accept, recorder.writer(self.spec.id), self._event
-        while True:
-            item = accept(await receive())
+        for message in batch:
+            item = accept(message)
             if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
                 continue
             write(*item)
 
-    async def _send_loop(self, receive: Receive) -> NoReturn:
-        """Hand each record to the sink task. No schedule point while the channel has room
-        (``receive()`` has one); a full channel blocks the send, and with it the reading: TCP
-        pushes back on the feed."""
+    async def _send_batch(self, batch: Batch) -> None:
+        """Hand each record to the sink task. No schedule point while the channel has room;
+        a full channel blocks the send, and with it the reading: TCP pushes back on the feed."""
         assert self.sender is not None
         send_nowait, accept, event = self.sender.send_nowait, self.frames.accept, self._event
         stream, names = self.spec.id, self.placeholders
         shard, epoch, worker, wall = names.shard, names.epoch, names.worker, time.time
-        while True:
-            message = await receive()
+        for message in batch:
             item = accept(message)
             if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
                 continue
@@ -223,7 +297,7 @@ class StreamReader:
     def counts(self, written: int, dead_lettered: int = 0) -> dict[str, int]:
         """This stream's counts for the heartbeat (``written``, and the records the sink gave
         up on, ``dead_lettered``, come from the recorder or pipeline)."""
-        return {
+        counts = {
             "received": self.received,
             "written": written,
             "duplicates": self.tracker.duplicates,
@@ -232,6 +306,9 @@ class StreamReader:
             "reconnects": self.reconnects,
             "dead_lettered": self.dead_lettered + dead_lettered,
         }
+        for reason, count in self.reconnect_reasons.items():
+            counts[RECONNECT_PREFIX + reason] = count
+        return counts
 
     def _malformed(self, letter: DeadLetter) -> None:
         """Dead-letter a message that cannot be a record; counted, logged once per burst."""

@@ -19,7 +19,7 @@ from shard_worker.adapters.last_will import give_last_will
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
-from shard_worker.adapters.websocket import TrioWebSocket
+from shard_worker.adapters.transports import stream_transport
 from shard_worker.contract.exit_codes import ChildExit
 from shard_worker.contract.pipe import (
     PROTOCOL_VERSION,
@@ -249,10 +249,6 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
     async with trio.open_nursery() as nursery:
         if pipeline is not None:
             await nursery.start(pipeline.run)
-        transport = TrioWebSocket(
-            max_message_size=start.sink.max_message_size,
-            connect_timeout=start.settings.connect_timeout,
-        )
         readers = [
             StreamReader(
                 spec,
@@ -260,7 +256,7 @@ async def _run_shard(start: Start, output: Output, channel: MessageChannel, log:
                 settings=start.settings,
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
-                transport=transport,
+                transport=stream_transport(spec, start.settings, start.sink.max_message_size),
                 sender=pipeline.sender() if pipeline is not None else None,
             )
             for spec in start.streams
@@ -362,6 +358,7 @@ async def _heartbeat_loop(
                     )
                     for r in readers
                 },
+                stale=[r.spec.id for r in readers if r.stale(trio.current_time())],
             ),
         )
 

@@ -18,6 +18,7 @@ Check = Callable[[Any], Any]
 SINK_PLACEHOLDERS = ("shard", "stream", "epoch", "worker")
 URL_PLACEHOLDERS = ("after", "shard", "stream", "epoch", "worker")
 MIN_ROTATE_BYTES = 64 * 1024  # one write of the jsonl sink
+COMPRESSIONS = ("deflate", "none")  # [websocket] compression: permessage-deflate offered, or not
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # RFC 9110 token characters.

@@ -25,8 +25,8 @@ from shard_worker.contract.pipe import StreamSpec
 from supervisor.adapters.logs import Redactor
 from supervisor.config.checks import Check, Invalid, show
 from supervisor.config.environment import environment_problems
-from supervisor.config.model import Config, ShardConfig
-from supervisor.config.rules import RULES
+from supervisor.config.model import Config, ShardConfig, WebSocketConfig
+from supervisor.config.rules import RULES, stream_liveness
 from supervisor.config.schema import (
     SECTIONS,
     SHARD,
@@ -165,7 +165,7 @@ def _validate(
             reader.report(path, message)
     config = Config(
         **sections,
-        shards=_shards(reader, data),
+        shards=_shards(reader, data, sections["websocket"]),
         templates=tuple(sorted(substitution.templates)),
         secrets=frozenset(substitution.secrets),
     )
@@ -271,7 +271,11 @@ def _array_of_tables(reader: _Reader, value: object, path: str, header: str) -> 
 
 
 def _streams(
-    reader: _Reader, shard: Mapping[str, Any], path: str, seen: dict[str, str]
+    reader: _Reader,
+    shard: Mapping[str, Any],
+    path: str,
+    seen: dict[str, str],
+    websocket: WebSocketConfig,
 ) -> tuple[StreamSpec, ...]:
     items = _array_of_tables(
         reader, shard.get("streams", []), f"{path}.streams", "[[shards.streams]]"
@@ -287,6 +291,8 @@ def _streams(
         if entry is None:
             continue
         ident, values, table = entry
+        for problem_path, message in stream_liveness(stream_path, values, websocket):
+            reader.report(problem_path, message)
         if "url" not in table:
             reader.report(
                 f"{stream_path}.url", "missing (every stream needs a ws:// or wss:// url)"
@@ -296,7 +302,9 @@ def _streams(
     return tuple(streams)
 
 
-def _shards(reader: _Reader, data: Mapping[str, Any]) -> tuple[ShardConfig, ...]:
+def _shards(
+    reader: _Reader, data: Mapping[str, Any], websocket: WebSocketConfig
+) -> tuple[ShardConfig, ...]:
     shard_ids: dict[str, str] = {}
     stream_ids: dict[str, str] = {}
     shards = []
@@ -307,7 +315,7 @@ def _shards(reader: _Reader, data: Mapping[str, Any]) -> tuple[ShardConfig, ...]
         if entry is None:
             continue
         ident, values, table = entry
-        streams = _streams(reader, table, path, stream_ids)
+        streams = _streams(reader, table, path, stream_ids, websocket)
         if ident is not None:
             shards.append(ShardConfig(id=ident, streams=streams, **values))
     return tuple(shards)

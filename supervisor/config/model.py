@@ -14,6 +14,7 @@ import attrs
 
 from shard_worker.contract.pipe import (
     DEFAULT_DEAD_LETTER_PATH,
+    TRANSPORTS,
     SinkSpec,
     StreamSpec,
     header_secrets,
@@ -130,6 +131,23 @@ class TlsConfig:
 
 
 @attrs.frozen
+class WebSocketConfig:
+    # The client library under the feeds: websockets (its Sans-I/O protocol: faster, and
+    # permessage-deflate) | trio-websocket (no extension). Why the default: docs/benchmarks.md.
+    transport: str = setting("websockets", checks.one_of(TRANSPORTS))
+    # deflate: offer permessage-deflate (used when the server agrees) | none. A stream may
+    # override it, and the three timers below ([[shards.streams]]).
+    compression: str = setting("deflate", checks.one_of(checks.COMPRESSIONS))
+    # Ping when nothing was received for this long; 0 = no pings.
+    ping_interval: float = setting(20.0, checks.duration(allow_zero=True))
+    # No pong (or any frame) this long after a ping: reconnect (reason "ping_timeout").
+    ping_timeout: float = setting(20.0, checks.duration(allow_zero=True))
+    # No message this long: reconnect (reason "idle"); 0 = off. A stream silent longer than
+    # this shows as stale in `status` until it flows again.
+    idle_timeout: float = setting(0.0, checks.duration(allow_zero=True))
+
+
+@attrs.frozen
 class ShardConfig:
     id: str = attrs.field(metadata={CHECK: checks.IDENTIFIER})
     streams: tuple[StreamSpec, ...]  # [[shards.streams]], checked by ``schema.STREAM``
@@ -150,6 +168,7 @@ class Config:
     log: LogConfig = attrs.field(factory=LogConfig)
     http: HttpConfig = attrs.field(factory=HttpConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)
+    websocket: WebSocketConfig = attrs.field(factory=WebSocketConfig)
     shards: tuple[ShardConfig, ...] = ()
     # Values written with ${NAME} in the file: (key path, the text as written), so that
     # check-config prints the reference, never the value...

@@ -13,7 +13,12 @@ from typing import Any
 
 from shard_worker.contract.pipe import SinkSpec
 from supervisor.config.durations import format_duration
-from supervisor.config.model import DeadLetterConfig, LeaseConfig, SupervisorConfig
+from supervisor.config.model import (
+    DeadLetterConfig,
+    LeaseConfig,
+    SupervisorConfig,
+    WebSocketConfig,
+)
 from supervisor.config.schema import SECTIONS, Problem
 
 Rule = Callable[[Mapping[str, Any], Set[str]], list[Problem]]
@@ -122,6 +127,35 @@ def dead_letter_rules(sections: Mapping[str, Any], bad: Set[str]) -> list[Proble
     return []
 
 
+def websocket_rules(sections: Mapping[str, Any], bad: Set[str]) -> list[Problem]:
+    config: WebSocketConfig = sections["websocket"]
+    if bad & {"ping_interval", "ping_timeout"}:
+        return []
+    return _pings_need_a_timeout("websocket", config.ping_interval, config.ping_timeout)
+
+
+def stream_liveness(
+    path: str, values: Mapping[str, Any], section: WebSocketConfig
+) -> list[Problem]:
+    """A stream's timers with the section's for what it does not set: pings need a timeout.
+    ``values``: the stream's keys that passed their checks."""
+    interval = values.get("ping_interval", section.ping_interval)
+    timeout = values.get("ping_timeout", section.ping_timeout)
+    if "ping_interval" not in values and "ping_timeout" not in values:
+        return []  # the section's own problem, reported there
+    return _pings_need_a_timeout(path, interval, timeout)
+
+
+def _pings_need_a_timeout(path: str, interval: float, timeout: float) -> list[Problem]:
+    if interval and not timeout:
+        problem = (
+            "must be greater than 0 when pings are on"
+            f" (ping_interval = {format_duration(interval)}; set ping_interval = 0 for no pings)"
+        )
+        return [(f"{path}.ping_timeout", problem)]
+    return []
+
+
 # Run right after their section is read (in Config's order, so [sink] is read before
 # [dead_letter]): the problems stay in the order of the file's sections.
 RULES: Mapping[str, Rule] = {
@@ -129,4 +163,5 @@ RULES: Mapping[str, Rule] = {
     "supervisor": supervisor_rules,
     "sink": sink_rules,
     "dead_letter": dead_letter_rules,
+    "websocket": websocket_rules,
 }

@@ -80,6 +80,12 @@ STREAM_KEYS: Mapping[str, Entry] = {
     ),
     "subscribe": Entry(checks.templated),
     "headers": Entry(checks.headers),
+    # This stream's own [websocket] values (absent: the section's); rules.stream_liveness
+    # checks them together with the section.
+    "ping_interval": Entry(duration(allow_zero=True)),
+    "ping_timeout": Entry(duration(allow_zero=True)),
+    "idle_timeout": Entry(duration(allow_zero=True)),
+    "compression": Entry(one_of(checks.COMPRESSIONS)),
 }
 
 

@@ -19,7 +19,11 @@ from supervisor.config.model import ShardConfig
 def encode_spec(shard: ShardConfig) -> str:
     """The ``spec`` attribute: the streams as JSON, only the keys that differ from defaults."""
     streams = [
-        {key: _toml_form(value) for key, value in attrs.asdict(stream).items() if value}
+        {
+            key: _toml_form(value)
+            for key, value in attrs.asdict(stream).items()
+            if value or isinstance(value, float)  # a stream's timer set to 0 (off) is kept
+        }
         for stream in shard.streams
     ]
     return json.dumps({"streams": streams}, sort_keys=True, separators=(",", ":"))

@@ -316,6 +316,7 @@ class ShardRunner:
                 # Absolute: a child's working directory need not be ours.
                 ca_bundle=str(Path(cfg.tls.ca_bundle).absolute()) if cfg.tls.ca_bundle else "",
                 verify_tls=cfg.tls.verify,
+                **attrs.asdict(cfg.websocket),  # [websocket]: the same names
             ),
             fence_deadline=self.ctx.lease.valid_until,
             last_will=p.LastWill(
