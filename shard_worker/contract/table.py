@@ -30,6 +30,7 @@ KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
 OWNER, EPOCH, CHECKPOINT, OWNER_SINCE = "owner", "epoch", "checkpoint", "owner_since"
 SUCCESSOR, RELEASE_REQUESTED = "successor", "release_requested"
 SPEC, REGISTERED_AT, RETIRED_AT = "spec", "registered_at", "retired_at"
+STALE = "stale"  # string set: the owner's streams silent past their timeout (absent: none)
 # Worker items.
 SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT = "session", "counter", "heartbeat_at", "started_at"
 HOST, PID, MAX_SHARDS = "host", "pid", "max_shards"
@@ -37,7 +38,7 @@ DRAIN_REQUESTED, MAILBOX, ORPHANED_AT = "drain_requested", "mailbox", "orphaned_
 
 SHARD_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, OWNER, EPOCH, CHECKPOINT, OWNER_SINCE, SUCCESSOR}
-    | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT}
+    | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT, STALE}
 )
 WORKER_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT, HOST, PID}

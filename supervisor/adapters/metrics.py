@@ -7,12 +7,14 @@ lives in the Supervisor's own registry, so tests can run several supervisors in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from shard_worker.contract.pipe import RECONNECT_PREFIX
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -100,6 +102,21 @@ class Metrics:
             ["shard", "stream", "outcome"],
             registry=r,
         )
+        self.reconnects = Counter(
+            "shardvisor_stream_reconnects",
+            "Reconnects per stream, by reason: closed (by the feed, or dropped), connect_failed,"
+            " too_large (a message over max_message_size), ping_timeout (no answer to a ping),"
+            " idle (no message for idle_timeout)",
+            ["shard", "stream", "reason"],
+            registry=r,
+        )
+        self.stale = Gauge(
+            "shardvisor_stream_stale",
+            "1 while the stream has been silent past its timeout (idle_timeout, else a ping's"
+            " round while disconnected), else 0; as its shard's child last reported",
+            ["shard", "stream"],
+            registry=r,
+        )
         self.info = Gauge(
             "shardvisor_worker_info", "This supervisor's identity", ["worker"], registry=r
         )
@@ -114,8 +131,18 @@ class Metrics:
     def add_stream_counts(self, shard: str, deltas: Mapping[str, Mapping[str, int]]) -> None:
         for stream, counts in deltas.items():
             for outcome, delta in counts.items():
-                if delta > 0 and outcome in STREAM_OUTCOMES:
+                if delta <= 0:
+                    continue
+                if outcome in STREAM_OUTCOMES:
                     self.messages.labels(shard, stream, outcome).inc(delta)
+                elif outcome.startswith(RECONNECT_PREFIX):
+                    reason = outcome[len(RECONNECT_PREFIX) :]
+                    self.reconnects.labels(shard, stream, reason).inc(delta)
+
+    def set_stale(self, shard: str, streams: Iterable[str], stale: Collection[str]) -> None:
+        """Each reported stream of ``shard``: 1 if stale, else 0."""
+        for stream in streams:
+            self.stale.labels(shard, stream).set(1 if stream in stale else 0)
 
     def watch(self, state: Callable[[], Mapping[str, Any]]) -> None:
         """Gauges read at scrape time from ``state()`` (see Supervisor.metrics_state)."""

@@ -38,6 +38,9 @@ class ShardItem:
     successor: str = ""  # named on a graceful release: this worker takes it first
     spec: str = ""  # JSON streams of a shard registered with `shards add`; "" = from TOML
     retired_at: float = 0.0  # wall time of `shards remove`; a retired shard is never taken
+    # The owner's streams silent past their timeout (sorted; published when the set changes,
+    # cleared by a take): `status` shows them stale.
+    stale: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -45,6 +45,8 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             "checkpoint": dict(sorted(s.checkpoint.items())),
             "state": _shard_state(s),
             "source": "table" if s.spec else "config",  # `shards add`, or [[shards]] in TOML
+            # Streams silent past their timeout, as the owner last published (none unowned).
+            "stale": list(s.stale) if s.owner else [],
         }
         for s in snapshot.shards
     ]
@@ -68,5 +70,6 @@ def render_table(status: dict[str, Any]) -> str:
     for s in status["shards"]:
         cp = " ".join(f"{k}={v}" for k, v in s["checkpoint"].items()) or "-"
         owner = s["owner"] or "-"
-        lines.append(f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {cp}")
+        stale = f"  stale: {','.join(s['stale'])}" if s.get("stale") else ""
+        lines.append(f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {cp}{stale}")
     return "\n".join(lines)

@@ -85,6 +85,7 @@ class ShardRunner:
     progress: p.Heartbeat | None = None
     _stored_at: float = 0.0  # when the table last accepted our checkpoint (or the take)
     _counted: dict[str, dict[str, int]] = attrs.field(factory=dict)  # this child's, per stream
+    _stale: tuple[str, ...] = ()  # the stale streams the table names (a take clears them)
 
     def __attrs_post_init__(self) -> None:
         self._stored = dict(self.checkpoint)
@@ -331,6 +332,7 @@ class ShardRunner:
         if isinstance(msg, p.Heartbeat):
             self.progress = msg
             self._count_streams(msg.streams)
+            await self._publish_stale(msg)
         elif isinstance(msg, p.Ready):
             self._ready = True
             self._event(RunnerEvent.CHILD_READY)
@@ -372,6 +374,21 @@ class ShardRunner:
         except StoreUnavailable as exc:
             # Kept in self.checkpoint: the next checkpoint or the release carries it.
             log.warning("checkpoint not stored: %s", exc, extra=self._extra())
+
+    async def _publish_stale(self, beat: p.Heartbeat) -> None:
+        """The streams silent past their timeout, on the shard item for ``status``: written
+        only when the set changes, conditional on owner and epoch like a checkpoint."""
+        stale = tuple(sorted(beat.stale))
+        self.ctx.metrics.set_stale(self.shard_id, beat.streams, stale)
+        if stale == self._stale or self.state is RunnerState.LOST:
+            return
+        try:
+            await self.ctx.store.publish_stale(self.shard_id, self.ctx.worker_id, self.epoch, stale)
+            self._stale = stale
+        except LeaseConflict:
+            self.lose("stale streams refused: the table has another owner or epoch")
+        except StoreUnavailable as exc:
+            log.warning("stale streams not stored (next heartbeat): %s", exc, extra=self._extra())
 
     async def _hang_watcher(self, child: ChildHandle) -> None:
         """No message for hang_timeout: the child's loop is blocked (CPU-bound code, deadlock)

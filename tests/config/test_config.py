@@ -756,3 +756,66 @@ def test_sink_render_round_trip(handler_on_path: None) -> None:
         'on_failure = "crash"\n[dead_letter]\npath = "x/{shard}.{epoch}.dl.jsonl"'
     )
     assert round_trip(config) == config
+
+
+# --- [websocket]: transport, compression, keepalive, idle timeout ---------------------------------
+
+
+def test_websocket_section_and_a_streams_own_values_reach_the_model() -> None:
+    config = parse(
+        '[websocket]\ntransport = "trio-websocket"\ncompression = "none"\n'
+        'ping_interval = "5s"\nping_timeout = "2s"\nidle_timeout = "30s"\n'
+        + SHARD
+        + 'idle_timeout = "1500ms"\nping_interval = 0\ncompression = "deflate"\n'
+    )
+    assert attrs.asdict(config.websocket) == {
+        "transport": "trio-websocket",
+        "compression": "none",
+        "ping_interval": 5.0,
+        "ping_timeout": 2.0,
+        "idle_timeout": 30.0,
+    }
+    stream = config.shards[0].streams[0]
+    assert (stream.idle_timeout, stream.ping_interval, stream.ping_timeout) == (1.5, 0.0, None)
+    assert stream.compression == "deflate"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "[websocket]\nping_timeout = 0\n",
+            "websocket.ping_timeout: must be greater than 0 when pings are on (ping_interval ="
+            " 20s; set ping_interval = 0 for no pings)",
+        ),
+        (
+            "[websocket]\nidle_timeout = -1\n",
+            "websocket.idle_timeout: a duration must not be negative",
+        ),
+        ('[websocket]\ntransport = "wsproto"\n', "websocket.transport: must be one of"),
+        ('[websocket]\ncompression = "gzip"\n', "websocket.compression: must be one of"),
+        (
+            "[websocket]\nping_interval = 0\nping_timeout = 0\n" + SHARD + 'ping_interval = "1s"\n',
+            "shards[0].streams[0].ping_timeout: must be greater than 0 when pings are on",
+        ),
+        (SHARD + "ping_timeout = 0\n", "shards[0].streams[0].ping_timeout: must be greater"),
+        (SHARD + 'idle_timeout = "soon"\n', "shards[0].streams[0].idle_timeout: "),
+    ],
+)
+def test_websocket_values_are_checked_naming_the_key(text: str, problem: str) -> None:
+    assert only_problem(text).startswith(problem)
+
+
+def test_pings_off_need_no_timeout_and_a_stream_may_turn_them_off() -> None:
+    parse("[websocket]\nping_interval = 0\nping_timeout = 0\n")
+    parse("[websocket]\nping_timeout = 0\nping_interval = 0\n" + SHARD + "idle_timeout = 0\n")
+    parse(SHARD + "ping_interval = 0\nping_timeout = 0\n")
+
+
+def test_a_streams_unset_values_are_not_rendered_and_its_set_ones_read_back() -> None:
+    config = parse(SHARD + 'idle_timeout = "5s"\nping_interval = 0\n')
+    text = render_config(config)
+    stream_part = text[text.index("[[shards.streams]]") :]
+    assert 'idle_timeout = "5s"' in stream_part and 'ping_interval = "0s"' in stream_part
+    assert "ping_timeout" not in stream_part and "compression" not in stream_part
+    assert parse_config(tomllib.loads(text)) == config

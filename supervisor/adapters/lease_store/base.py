@@ -94,6 +94,12 @@ class LeaseStore(Protocol):
     ) -> None:
         """Store the checkpoint, conditional on owner = me and epoch = mine."""
 
+    async def publish_stale(
+        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    ) -> None:
+        """Name the streams silent past their timeout (sorted; () removes the attribute),
+        conditional on owner = me and epoch = mine, like a checkpoint."""
+
     async def release(
         self,
         shard_id: str,

@@ -227,6 +227,7 @@ class MemoryLeaseStore:
             state="running",
             release_requested=0.0,
             successor="",
+            stale=(),
         )
         table.shards[shard_id] = new
         return _copy(new)
@@ -237,6 +238,13 @@ class MemoryLeaseStore:
         table = await self._enter("checkpoint")
         old = _owned(table, shard_id, me, epoch)
         table.shards[shard_id] = attrs.evolve(old, checkpoint=dict(checkpoint))
+
+    async def publish_stale(
+        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    ) -> None:
+        table = await self._enter("stale")
+        old = _owned(table, shard_id, me, epoch)
+        table.shards[shard_id] = attrs.evolve(old, stale=tuple(sorted(stale)))
 
     async def release(
         self,

@@ -103,6 +103,7 @@ def shard_from(item: Item) -> ShardItem:
             successor=read_str(item, t.SUCCESSOR),
             spec=read_str(item, t.SPEC),
             retired_at=read_float(item, t.RETIRED_AT),
+            stale=tuple(sorted(item.get(t.STALE, {}).get("SS", ()))),
         )
 
 

@@ -283,7 +283,7 @@ class DynamoLeaseStore:
         update = UpdateItem(
             shard_key(shard_id),
             "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-            " REMOVE #release_requested, #successor, #roster",
+            " REMOVE #release_requested, #successor, #roster, #stale",
             f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
             values,
             returns="ALL_NEW",
@@ -301,6 +301,15 @@ class DynamoLeaseStore:
             {":cp": checkpoint_value(checkpoint), **t.fence_values(me, epoch)},
         )
         await self._update("checkpoint", update)
+
+    async def publish_stale(
+        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    ) -> None:
+        expression, values = "REMOVE #stale", t.fence_values(me, epoch)
+        if stale:
+            expression, values = "SET #stale = :stale", {**values, ":stale": {"SS": list(stale)}}
+        update = UpdateItem(shard_key(shard_id), expression, t.OWNED_AT_EPOCH, values)
+        await self._update("stale", update)
 
     async def release(
         self,
