@@ -108,6 +108,11 @@ class Connection(Protocol):
         """Send a ping; its pong moves ``last_frame_at`` (nothing waits for it here)."""
         ...
 
+    def abandon(self) -> None:
+        """The peer is gone (no answer to a ping): leaving the ``async with`` closes the
+        socket at once, without waiting for a close handshake that cannot come."""
+        ...
+
     def send(self, message: str) -> Awaitable[None]:
         """Send one text message."""
         ...
@@ -133,6 +138,7 @@ class _TrioConnection:
     """A trio-websocket connection as a ``Connection``: its own methods, no wrapper."""
 
     extensions = ""  # trio-websocket 0.12 negotiates none
+    abandoned = False
 
     def __init__(self, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
         self._ws = ws
@@ -154,6 +160,9 @@ class _TrioConnection:
     async def _await_pong(self) -> None:
         await self._ws.ping()
         self.last_frame_at = trio.current_time()
+
+    def abandon(self) -> None:
+        self.abandoned = True
 
     async def close(self, code: int = 1000) -> None:
         await self._ws.aclose(code)
@@ -214,11 +223,13 @@ class TrioWebSocket(TransportSettings):
         try:
             async with trio.open_nursery() as nursery:
                 ws = await self._upgrade(nursery, stream, target, headers, deadline)
+                connection = _TrioConnection(ws, nursery)
                 try:
-                    yield _TrioConnection(ws, nursery)
+                    yield connection
                 finally:
                     try:
-                        with trio.move_on_after(self.disconnect_timeout):
+                        wait = 0 if connection.abandoned else self.disconnect_timeout
+                        with trio.move_on_after(wait):
                             await ws.aclose()  # (no answer in time: the socket is closed below)
                     finally:
                         nursery.cancel_scope.cancel()  # the reader task

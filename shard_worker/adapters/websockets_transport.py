@@ -71,8 +71,9 @@ class WebSocketsTransport(TransportSettings):
             try:
                 yield connection
             finally:
-                with trio.move_on_after(self.disconnect_timeout):
-                    await connection.close()  # (no answer in time: the socket is closed below)
+                if not connection.abandoned:
+                    with trio.move_on_after(self.disconnect_timeout):
+                        await connection.close()  # (no answer in time: closed below)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -99,6 +100,7 @@ class _Connection:
         self._ready: list[str | bytes] = []
         self.last_frame_at = trio.current_time()
         self.extensions = ""
+        self.abandoned = False
 
     async def handshake(self, headers: Sequence[tuple[str, str]]) -> None:
         """The HTTP upgrade: the protocol gets the bytes up to the end of the response, the
@@ -161,6 +163,9 @@ class _Connection:
         self._check_open()
         self._protocol.send_ping(os.urandom(4))
         await self._flush()
+
+    def abandon(self) -> None:
+        self.abandoned = True
 
     async def close(self, code: int = 1000) -> None:
         """Send our close frame (if the connection is still open), then wait for the server to

@@ -230,6 +230,7 @@ class StreamReader:
                 await connection.ping()
                 keepalive.pinged(now)
             elif due is Due.PING_TIMEOUT:
+                connection.abandon()
                 raise _GaveUp(due, f"no answer to a ping within {self.liveness.ping_timeout:g}s")
             elif due is Due.IDLE:
                 raise _GaveUp(due, f"no message for {self.liveness.idle_timeout:g}s (idle)")
