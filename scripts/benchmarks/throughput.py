@@ -2,11 +2,15 @@
 
 A feed process (``benchmarks.throughput_feed``) sends 100-byte messages as fast as TCP takes them,
 so the receiver is the bottleneck; with two CPUs the feed runs on one and every receiver on the
-other. In rounds, each on a fresh feed: a bare trio-websocket receive loop in this process with
-the worker's connection settings (the ceiling of our stack); a real ``python -m shard_worker``
-driven over its pipes as the supervisor does, writing the jsonl sink, then handing batches to a
-no-op handler (its rate from its heartbeats' ``written`` counter); a bare ``websockets`` loop
-(the peer, ``benchmarks.peers.ws_client``). Each: one second of warm-up, then ``--seconds``.
+other. In rounds, each on a fresh feed, side by side in one run: a real ``python -m shard_worker``
+driven over its pipes as the supervisor does, writing the jsonl sink, once per WebSocket
+transport (``[websocket] transport``: websockets, trio-websocket), then handing batches to a
+no-op handler (rates from its heartbeats' ``written`` counter); a bare trio-websocket receive
+loop in this process with the worker's connection settings; a bare ``websockets`` (asyncio) loop
+(the peer, ``benchmarks.peers.ws_client``). Then the same with permessage-deflate (the feed
+compresses when the URL asks and the client offers): the websockets child and the bare
+websockets loop (trio-websocket negotiates no extension). Each: one second of warm-up, then
+``--seconds``. Bytes on the wire per message are the feed's own frames, counted.
 
 ``--backpressure S``: then a child whose handler takes a tenth of a 20,000 msg/s feed, its RSS
 every 5 s for S seconds, and the records handled checked against its final checkpoint.
@@ -34,7 +38,7 @@ import trio
 from benchmarks import harness, procfs
 from benchmarks.report import sections
 from benchmarks.stats import summary
-from benchmarks.throughput_feed import PAYLOAD_BYTES
+from benchmarks.throughput_feed import PAYLOAD_BYTES, deflater, frames
 from shard_worker.adapters.pipes import MessageChannel
 from shard_worker.adapters.websocket import RECEIVE_BUFFER_BYTES
 from shard_worker.contract.pipe import (
@@ -53,6 +57,7 @@ from supervisor.devtools.servers import ServerProcess, accepts_tcp, start_server
 # The feed on one CPU, every receiver on another: less noise from the scheduler's placement.
 FEED_CPU, LOOP_CPU = 0, 1
 FEED = "`benchmarks.throughput_feed`: raw frames after a wsproto handshake"
+DEFLATE = "&deflate=1"  # the feed's URL asks it to compress (when the client offers it)
 
 
 def pin(pid: int, cpu: int | None) -> None:
@@ -148,7 +153,9 @@ class Child:
             if isinstance(message, kind):
                 return message
 
-    async def start(self, url: str, sink: SinkSpec, heartbeat: float = 1.0) -> None:
+    async def start(
+        self, url: str, sink: SinkSpec, heartbeat: float = 1.0, transport: str = "websockets"
+    ) -> None:
         await self.channel.send(
             Start(
                 shard="bench",
@@ -157,7 +164,9 @@ class Child:
                 streams=(StreamSpec(id="a", url=url, sequence="seq"),),
                 checkpoint={},
                 sink=sink,
-                settings=WorkerSettings(checkpoint_interval=1.0, heartbeat_interval=heartbeat),
+                settings=WorkerSettings(
+                    checkpoint_interval=1.0, heartbeat_interval=heartbeat, transport=transport
+                ),
                 fence_deadline=time.monotonic() + 3600,
             )
         )
@@ -172,12 +181,14 @@ class Child:
         return stopped
 
 
-async def child_rate(url: str, sink: SinkSpec, seconds: float) -> tuple[float, float]:
+async def child_rate(
+    url: str, sink: SinkSpec, seconds: float, transport: str
+) -> tuple[float, float]:
     """Messages/s written by a child, from its heartbeats (every 0.25 s, each carrying the
     ``written`` count) over ``seconds`` after one second of warm-up; and its CPU seconds per
     message over the same time."""
     child = await Child.spawn(harness.benchmarks_env())
-    await child.start(url, sink, heartbeat=0.25)
+    await child.start(url, sink, heartbeat=0.25, transport=transport)
     ready = time.monotonic()
     first = await child.next(Heartbeat)
     while time.monotonic() - ready < 1.0:
@@ -215,20 +226,40 @@ def websockets_rate(url: str, seconds: float) -> tuple[float, float]:
     return result["messages"] / result["seconds"], result["cpu"] / result["messages"]
 
 
-def loops(out: Path, seconds: float) -> dict[str, Callable[[str], tuple[float, float]]]:
-    """Each receiver measured: a function of the feed's URL -> (messages/s, CPU s/message)."""
+Loop = Callable[[str], tuple[float, float]]  # the feed's URL -> (messages/s, CPU s/message)
 
-    def child(sink: SinkSpec) -> Callable[[str], tuple[float, float]]:
-        return lambda url: trio.run(child_rate, url, sink, seconds)
+
+def loops(out: Path, seconds: float) -> dict[str, Loop]:
+    """Each receiver measured: a function of the feed's URL -> (messages/s, CPU s/message).
+    The names ending in ", deflate" are measured on a feed that compresses."""
+    jsonl = SinkSpec(path=str(out / "{shard}" / "{stream}.{epoch}.jsonl"))
+    noop = SinkSpec(kind="handler", handler="benchmarks.handlers:noop_handler")
+
+    def child(sink: SinkSpec, transport: str = "websockets") -> Loop:
+        return lambda url: trio.run(child_rate, url, sink, seconds, transport)
+
+    def deflating(loop: Loop) -> Loop:
+        return lambda url: loop(url + DEFLATE)
 
     return {
         "bare trio-websocket": lambda url: trio.run(bare_loop, url, seconds),
-        "child → jsonl": child(SinkSpec(path=str(out / "{shard}" / "{stream}.{epoch}.jsonl"))),
-        "child → no-op handler": child(
-            SinkSpec(kind="handler", handler="benchmarks.handlers:noop_handler")
+        "child → jsonl": child(jsonl),
+        "child (trio-websocket) → jsonl": child(jsonl, "trio-websocket"),
+        "child → no-op handler": child(noop),
+        "bare websockets": lambda url: websockets_rate(url.replace("{after}", "0"), seconds),
+        "child → jsonl, deflate": deflating(child(jsonl)),
+        "bare websockets, deflate": deflating(
+            lambda url: websockets_rate(url.replace("{after}", "0"), seconds)
         ),
-        "bare websockets": lambda url: websockets_rate(url, seconds),
     }
+
+
+def wire_bytes(messages: int = 100_000) -> dict[str, float]:
+    """Bytes on the wire per message, of the feed's own frames: plain and deflated (one
+    connection's context, as the feed sends them)."""
+    plain = len(frames(1, messages, None)) / messages
+    deflated = len(frames(1, messages, deflater())) / messages
+    return {"plain": plain, "deflate": deflated}
 
 
 def measure(runs: int, seconds: float) -> dict[str, Any]:
@@ -322,12 +353,14 @@ def main() -> None:
         results.update(measure(runs, seconds))
         results.update(
             message_bytes=PAYLOAD_BYTES,
+            wire_bytes_per_message=wire_bytes(),
             seconds_per_measurement=seconds,
             warm_up_s=1.0,
             runs=runs,
             feed=FEED,
             versions={
                 "trio-websocket": harness.version("trio-websocket"),
+                "websockets (transport)": harness.version("websockets"),
                 "websockets": harness.version(
                     "websockets", harness.SUPERVISORD_VENV / "bin" / "python"
                 ),

@@ -6,13 +6,15 @@ Why this library: the handshake, permessage-deflate (RFC 7692, with the decompre
 to ``max_message_size``), control frames, fragmented messages and the close handshake are its
 well-kept code, documented for driving from another event loop; trio stays our concurrency.
 
-The hot path. Most frames of a busy feed are the simplest kind: one unmasked, uncompressed text
-or binary frame per message. ``_Splitter`` cuts those out of the bytes of a read itself (a few
-slices per message: the library's generator-based parser costs about 3 µs per frame) and hands
-every other frame whole to the protocol, in order: a control frame, a fragment, a compressed
-message, one over the limit, anything while the protocol is not open. The protocol is therefore
-only ever fed whole frames, from a frame boundary: its parser and our split never disagree on
-where a frame starts. What it decides (a pong to send, a close, a message too large) is its own.
+The hot path. Most frames of a busy feed are the simplest kind: one unmasked text or binary
+frame per message. ``_Splitter`` cuts those out of the bytes of a read itself (a few slices per
+message: the library's generator-based parser costs about 3 µs per frame); a compressed one it
+inflates with the negotiated extension's own ``decode`` (its public API, which bounds the
+inflated size by ``max_message_size``). It hands every other frame whole to the protocol, in
+order: a control frame, a fragment, one over the limit, anything while the protocol is not open.
+The protocol is therefore only ever fed whole frames, from a frame boundary: its parser and our
+split never disagree on where a frame starts. What it decides (a pong to send, a close, a
+message too large) is its own.
 
 Errors are raised by ``receive_batch`` once the messages received before them are handed over:
 ``Closed`` (with the peer's close code), ``MessageTooLarge`` (we closed with 1009: a frame, or
@@ -23,14 +25,17 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
 import trio
 from websockets.client import ClientProtocol
-from websockets.exceptions import InvalidStatus, PayloadTooBig
-from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
+from websockets.exceptions import InvalidStatus, PayloadTooBig, ProtocolError
+from websockets.extensions.permessage_deflate import (
+    ClientPerMessageDeflateFactory,
+    PerMessageDeflate,
+)
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
 from websockets.http11 import Response
 from websockets.protocol import CONNECTING, OPEN, SEND_EOF
@@ -101,6 +106,7 @@ class _Connection:
         self.last_frame_at = trio.current_time()
         self.extensions = ""
         self.abandoned = False
+        self._sending = trio.Lock()  # the keepalive's pings, and the reader's pongs and closes
 
     async def handshake(self, headers: Sequence[tuple[str, str]]) -> None:
         """The HTTP upgrade: the protocol gets the bytes up to the end of the response, the
@@ -131,6 +137,7 @@ class _Connection:
         if protocol.state is not OPEN or response is None:
             raise ConnectFailed(_describe_handshake(protocol.handshake_exc))
         self.extensions = response.headers.get("Sec-WebSocket-Extensions", "")
+        self._split.negotiated()
         if buffer:
             self._split.feed(buffer, self._ready)
 
@@ -192,11 +199,13 @@ class _Connection:
         return data if type(data) is bytes else bytes(data)  # (a TLS stream's is a bytearray)
 
     async def _flush(self) -> None:
-        for data in self._protocol.data_to_send():
-            if data is SEND_EOF or not data:
-                continue  # (the socket is closed on the way out of ``connect``)
+        """Send what the protocol has to send (two tasks may: the reader and the keepalive)."""
+        writes = [data for data in self._protocol.data_to_send() if data is not SEND_EOF]
+        if not writes:
+            return  # (SEND_EOF: the socket is closed on the way out of ``connect``)
+        async with self._sending:
             try:
-                await self._stream.send_all(data)
+                await self._stream.send_all(b"".join(writes))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise Closed(None) from exc
 
@@ -214,45 +223,51 @@ class _Splitter:
         self._owed = 0  # bytes of a frame the protocol has the beginning of
         self._parts: list[bytes] = []  # a fragmented message so far
         self._kind = TEXT
+        self._inflate: Callable[..., Frame] | None = None  # the deflate extension's decode
         self.failure: Closed | None = None
 
+    def negotiated(self) -> None:
+        """After the handshake: with permessage-deflate alone, its compressed messages are
+        simple frames too (inflated here, by the extension)."""
+        extensions = self._protocol.extensions
+        if len(extensions) == 1 and isinstance(extensions[0], PerMessageDeflate):
+            self._inflate = extensions[0].decode
+
     def feed(self, data: bytes, ready: list[str | bytes]) -> None:
-        """Append the messages completed by ``data`` to ``ready``, in order."""
+        """Append the messages completed by ``data`` to ``ready``, in order. Consecutive whole
+        frames for the protocol (a compressed feed's) go to it in one call."""
         if self._rest:
             data, self._rest = self._rest + data, b""
-        protocol, limit, owed = self._protocol, self._limit, self._owed
-        pos, end = 0, len(data)
+        protocol, limit, owed, inflate = self._protocol, self._limit, self._owed, self._inflate
+        pos, end, run = 0, len(data), -1  # run: where whole frames for the protocol start
         while pos < end:
             if owed or protocol.state is not OPEN:
                 n = min(owed, end - pos) if owed else end - pos
                 self._to_protocol(data[pos : pos + n], ready)
                 pos, owed = pos + n, owed - n if owed else 0
                 continue
-            if end - pos < 2:
-                break
-            first, second = data[pos], data[pos + 1]
-            length, head = second & 0x7F, 2
-            if length == 126:
-                if end - pos < 4:
-                    break
-                length, head = int.from_bytes(data[pos + 2 : pos + 4], "big"), 4
-            elif length == 127:
-                if end - pos < 10:
-                    break
-                length, head = int.from_bytes(data[pos + 2 : pos + 10], "big"), 10
-            if second & 0x80:
-                head += 4  # masked: the protocol refuses it
-            total = head + length
-            if (
-                first in (0x81, 0x82)  # FIN, no RSV bit, text or binary: one whole message
-                and not second & 0x80
-                and length <= limit
-                and protocol.current_size is None
-            ):
-                stop = pos + total
+            first, head, length = _header(data, pos, end)
+            if head == 0:
+                break  # the header is not all here yet
+            stop = pos + head + length
+            simple = (  # FIN, unmasked data, no RSV bit (or RSV1: deflated), one message
+                first in (0x81, 0x82) or (first in (0xC1, 0xC2) and inflate is not None)
+            ) and length <= limit
+            if stop <= end and not simple:
+                run, pos = pos if run < 0 else run, stop
+                continue
+            if run >= 0:  # what the protocol decides first may change what this frame is
+                self._to_protocol(data[run:pos], ready)
+                run = -1
+                continue
+            if simple and protocol.current_size is None:
                 if stop <= end:
-                    payload = data[pos + head : stop]
-                    pos = stop
+                    payload, pos = data[pos + head : stop], stop
+                    if first & 0x40:
+                        payload = self._inflated(first, payload)
+                        if self.failure is not None:
+                            continue  # (too large, or corrupt: the connection ends)
+                        first &= 0xBF
                     if first == 0x82:
                         ready.append(payload)
                         continue
@@ -261,14 +276,32 @@ class _Splitter:
                     except UnicodeDecodeError as exc:
                         self._invalid_text(exc)
                     continue
-                if total <= self._keep:
+                if stop - pos <= self._keep:
                     break  # the rest of a small frame comes with the next read
-            n = min(total, end - pos)
+            n = min(stop, end) - pos
             self._to_protocol(data[pos : pos + n], ready)
-            pos, owed = pos + n, total - n
+            pos, owed = pos + n, stop - pos - n
+        if run >= 0:
+            self._to_protocol(data[run:pos], ready)
         self._owed = owed
         if pos < end:
             self._rest = data[pos:]
+
+    def _inflated(self, first: int, payload: bytes) -> bytes:
+        """A deflated message, inflated by the extension (its context, its size limit); when
+        it cannot be (too large, corrupt), the connection fails (``failure``)."""
+        assert self._inflate is not None
+        frame = Frame(TEXT if first == 0xC1 else BINARY, payload, True, True)
+        try:
+            return bytes(self._inflate(frame, max_size=self._limit).data)
+        except PayloadTooBig as exc:
+            self._protocol.parser_exc = exc  # (as its own parser records it)
+            self._protocol.fail(CloseCode.MESSAGE_TOO_BIG, str(exc))
+        except ProtocolError as exc:  # (zlib's error: corrupt data)
+            self._protocol.parser_exc = exc
+            self._protocol.fail(CloseCode.PROTOCOL_ERROR, str(exc))
+        self._ended()
+        return b""
 
     def eof(self) -> None:
         self._protocol.receive_eof()
@@ -330,6 +363,27 @@ class _Splitter:
             self.failure = Closed(None)
         if cause is not None:
             self.failure.__cause__ = cause
+
+
+def _header(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
+    """The frame header at ``pos``: (first byte, header length, payload length); a header
+    length of 0 when it is not all in ``data[:end]``. A masked frame (which a server must
+    not send) has its first byte's top bit cleared here: never simple, left to the protocol."""
+    if end - pos < 2:
+        return 0, 0, 0
+    first, second = data[pos], data[pos + 1]
+    length, head = second & 0x7F, 2
+    if length == 126:
+        if end - pos < 4:
+            return 0, 0, 0
+        length, head = int.from_bytes(data[pos + 2 : pos + 4], "big"), 4
+    elif length == 127:
+        if end - pos < 10:
+            return 0, 0, 0
+        length, head = int.from_bytes(data[pos + 2 : pos + 10], "big"), 10
+    if second & 0x80:
+        return first & 0x7F, head + 4, length
+    return first, head, length
 
 
 def _close_name(code: int) -> str:

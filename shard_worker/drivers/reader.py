@@ -10,10 +10,11 @@ was received is always written (jsonl: synchronously, by the Recorder) or handed
 (other kinds: a send on the bounded channel, shielded from cancellation; while the channel is
 full the reader does not read, and TCP pushes back).
 
-Liveness (core/liveness.py): the receive waits until the keepalive's next deadline; then the
-reader pings, or gives the connection up (``ping_timeout``, ``idle``) and reconnects from the
-checkpoint like after any other break. Each reconnect is counted by its reason
-(``RECONNECT_REASONS``) and logged once per burst; a stream silent past its timeout is stale.
+Liveness (core/liveness.py): a keepalive task per connection sleeps until its next deadline;
+then it pings, or gives the connection up (``ping_timeout``, ``idle``: it cancels the reading)
+and the reader reconnects from the checkpoint like after any other break. Each reconnect is
+counted by its reason (``RECONNECT_REASONS``) and logged once per burst; a stream silent past
+its timeout is stale.
 
 A message that cannot be a record (malformed, or over ``max_message_size``) goes to the
 dead-letter sink with its reason, and is counted; the log says so once per burst.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ import attrs
 import trio
 
 from shard_worker.adapters.log import Log, RateLimitedCount
+from shard_worker.adapters.sinks.jsonl import LineWriter
 from shard_worker.adapters.tls import client_tls_context
 from shard_worker.adapters.websocket import (
     Closed,
@@ -209,31 +211,62 @@ class StreamReader:
         raise AssertionError("unreachable: the read loop ends only by raising")
 
     async def _read(self, connection: Connection) -> NoReturn:
-        """Receive until the connection breaks or the keepalive gives it up. One clock read
-        and one cancel scope per batch (per socket read), not per message."""
+        """Receive until the connection breaks or the keepalive gives it up. The keepalive is
+        a task of its own, asleep until its next deadline: the receive loop pays one clock read
+        per batch (per socket read), no cancel scope."""
         keepalive = Keepalive(self.liveness, trio.current_time())
-        receive, staleness = connection.receive_batch, self.staleness
-        handle = self._write_batch if self.sender is None else self._send_batch
+        gave_up: list[_GaveUp] = []
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_alive, connection, keepalive, gave_up, nursery)
+            try:
+                await self._receive(connection, keepalive)
+            except Exception as exc:  # noqa: BLE001 - raised below, not in the nursery's group
+                failure = exc
+            nursery.cancel_scope.cancel()
+        raise failure or gave_up[0]
+
+    async def _receive(self, connection: Connection, keepalive: Keepalive) -> NoReturn:
+        receive, staleness, now = connection.receive_batch, self.staleness, trio.current_time
+        if self.sender is None:
+            handle = self._write_batch(self._recorder().writer(self.spec.id))
+        else:
+            handle = self._send_batch
         while True:
-            batch: Batch = ()
-            with trio.move_on_at(keepalive.deadline()):
-                batch = await receive()
+            batch = await receive()
+            keepalive.last_message = staleness.last_message = now()
+            await handle(batch)
+
+    async def _keep_alive(
+        self,
+        connection: Connection,
+        keepalive: Keepalive,
+        gave_up: list[_GaveUp],
+        nursery: trio.Nursery,
+    ) -> None:
+        """Ping when nothing came for ping_interval; give the connection up (cancel the
+        reading) when a ping goes unanswered or the feed sends no message for idle_timeout."""
+        liveness = self.liveness
+        while True:
+            await trio.sleep_until(keepalive.deadline())
             now = trio.current_time()
-            if batch:
-                keepalive.received(now, messages=True)
-                staleness.delivered(now)
-                await handle(batch)
-                continue
             keepalive.received(connection.last_frame_at, messages=False)
             due = keepalive.due(now)
             if due is Due.PING:
-                await connection.ping()
+                try:
+                    await connection.ping()
+                except Closed:
+                    return  # the receive loop meets the same end
                 keepalive.pinged(now)
-            elif due is Due.PING_TIMEOUT:
-                connection.abandon()
-                raise _GaveUp(due, f"no answer to a ping within {self.liveness.ping_timeout:g}s")
-            elif due is Due.IDLE:
-                raise _GaveUp(due, f"no message for {self.liveness.idle_timeout:g}s (idle)")
+            elif due is not None:
+                if due is Due.PING_TIMEOUT:
+                    connection.abandon()  # no close handshake with a peer that is gone
+                    why = f"no answer to a ping within {liveness.ping_timeout:g}s"
+                else:
+                    why = f"no message for {liveness.idle_timeout:g}s (idle)"
+                gave_up.append(_GaveUp(due, why))
+                nursery.cancel_scope.cancel()
+                return
 
     def stale(self, now: float) -> bool:
         """Silent for longer than its timeout (``now``: trio's clock)."""
@@ -246,16 +279,22 @@ class StreamReader:
             self._warning(VERIFY_OFF_WARNING)
         return self._tls
 
-    async def _write_batch(self, batch: Batch) -> None:
-        """The jsonl door: each record written synchronously (Recorder)."""
-        recorder = self.recorder
-        assert isinstance(recorder, Recorder)  # (no sender: the jsonl door)
-        accept, write, event = self.frames.accept, recorder.writer(self.spec.id), self._event
-        for message in batch:
-            item = accept(message)
-            if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
-                continue
-            write(*item)
+    def _recorder(self) -> Recorder:
+        assert isinstance(self.recorder, Recorder)  # (no sender: the jsonl door)
+        return self.recorder
+
+    def _write_batch(self, write: LineWriter) -> Callable[[Batch], Awaitable[None]]:
+        """The jsonl door of one connection: each record written synchronously (Recorder)."""
+        accept, event = self.frames.accept, self._event
+
+        async def write_batch(batch: Batch) -> None:
+            for message in batch:
+                item = accept(message)
+                if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
+                    continue
+                write(*item)
+
+        return write_batch
 
     async def _send_batch(self, batch: Batch) -> None:
         """Hand each record to the sink task. No schedule point while the channel has room;
