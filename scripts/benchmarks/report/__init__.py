@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from benchmarks import harness
-from benchmarks.report import fleet_rows, host_rows, requests_rows
+from benchmarks.report import fleet_rows, host_rows, requests_rows, throughput_rows
 from benchmarks.report.common import Load, Rendered
 
 
@@ -30,7 +30,7 @@ SECTIONS = (  # in the order of the document
     Section(("fleet",), fleet_rows.failover_detail, published=False),
     Section(("fleet",), fleet_rows.handoff),
     Section(("restart", "peers_supervisord"), host_rows.restart),
-    Section(("throughput",), host_rows.throughput),
+    Section(("throughput",), throughput_rows.throughput),
     Section(("throughput",), host_rows.backpressure, published=False),
     Section(("memory", "scale"), host_rows.memory),
     Section(("requests",), requests_rows.requests),

@@ -1,4 +1,4 @@
-"""Rows 3, 4, 5 and 7 of the report: one host's restart, throughput, memory and scale."""
+"""Rows 3, 5 and 7 of the report: one host's restart, memory and scale (row 4: throughput_rows)."""
 
 # ruff: noqa: RUF001 - the report uses typographic signs on purpose
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.report.common import Load, Rendered, heading, not_measured
-from benchmarks.tables import LEFT, RIGHT, count, lat, mib, ms, ratio, s, table
+from benchmarks.tables import LEFT, RIGHT, lat, mib, ms, ratio, s, table
 
 SERVERS = {"moto": "moto's DynamoDB server", "dynalite": "dynalite"}
 
@@ -91,92 +91,6 @@ def restart(load: Load) -> Rendered:
         )
         for mode, found in (("warm", warm), ("fresh", fresh))
     ]
-    return "\n".join(out), summary_rows
-
-
-THROUGHPUT_LOOPS = {
-    "child → jsonl": "shardvisor child → jsonl sink",
-    "child → no-op handler": "shardvisor child → no-op handler",
-    "bare trio-websocket": "bare trio-websocket loop (ceiling)",
-    "bare websockets": "bare `websockets` loop (peer)",
-}
-
-
-def throughput(load: Load) -> Rendered:
-    data = load("throughput")
-    out = [heading(4, data)]
-    add = out.append
-    if not data:
-        add(not_measured("no out/bench/throughput.json"))
-        return "\n".join(out), []
-    loops = data.get("loops", {})
-    add(
-        f"Messages/s of {data['message_bytes']}-byte text messages from a local feed process "
-        f"({data['feed']}) that sends as fast as TCP takes them, so the receiver is the "
-        f"bottleneck. Each figure: {data['warm_up_s']:g} s of warm-up, then "
-        f"{data['seconds_per_measurement']:g} s counted; {data['runs']} runs of each, "
-        "interleaved, median shown; the feed on one CPU, every receiver pinned to the other. "
-        "The shardvisor child is a real `python -m shard_worker` "
-        "driven over its pipes as the supervisor does (sequence checked, checkpoints every "
-        "second; its rate from its heartbeats' `written` counter). Peers in the same run: a "
-        "bare trio-websocket receive loop with the worker's connection settings (the ceiling "
-        "of our stack) and a bare `websockets` (asyncio) client loop, defaults, as a user "
-        "might write it instead.\n"
-    )
-    bare = loops.get("bare trio-websocket", {}).get("rate", {}).get("p50")
-    other = loops.get("bare websockets", {}).get("rate", {}).get("p50")
-    rows: list[tuple[object, ...]] = []
-    for key, label in THROUGHPUT_LOOPS.items():
-        found = loops.get(key)
-        if not found:
-            errors = data.get("errors", {})
-            why = errors.get(key) or errors.get("shardvisor child", "not measured")
-            rows.append((label, why, "", "", "", "", ""))
-            continue
-        r = found["rate"]
-        cpu = found.get("cpu_us_per_message") or {}
-        rows.append(
-            (
-                label,
-                count(r["p50"]),
-                f"{count(r.get('min'))} – {count(r['max'])}",
-                r["n"],
-                ratio(r["p50"], bare),
-                ratio(r["p50"], other),
-                f"{cpu['p50']:.1f} µs" if cpu.get("n") else "—",
-            )
-        )
-    header = (
-        "receiver",
-        "messages/s (median)",
-        "min – max",
-        "runs",
-        "÷ bare trio-websocket",
-        "÷ bare websockets",
-        "CPU per message (median)",
-    )
-    add(table(header, rows, LEFT + RIGHT * 6))
-    versions = data.get("versions", {})
-    add(
-        f"\ntrio-websocket {versions.get('trio-websocket', '?')}, websockets "
-        f"{versions.get('websockets', '?')}. A real feed rarely sends more than a few thousand "
-        "messages/s per connection; the point of the ceiling is the headroom per core. "
-        "`websockets` parses frames in C (its speedups module) where trio-websocket uses "
-        "wsproto in pure Python: a faster client library is the lever for more per core.\n"
-    )
-    summary_rows = []
-    for key in ("child → jsonl", "child → no-op handler"):
-        found = loops.get(key, {}).get("rate", {})
-        if found:
-            summary_rows.append(
-                (
-                    f"4. Throughput per {key.replace('→', 'to')}",
-                    f"{count(found['p50'])} msg/s",
-                    f"bare websockets {count(other)}; bare trio-websocket {count(bare)}",
-                    f"{ratio(found['p50'], other)} ({ratio(found['p50'], bare)} of trio-ws)",
-                    f"{found['n']} runs",
-                )
-            )
     return "\n".join(out), summary_rows
 
 
