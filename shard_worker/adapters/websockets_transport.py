@@ -78,7 +78,7 @@ class WebSocketsTransport(TransportSettings):
             finally:
                 if not connection.abandoned:
                     with trio.move_on_after(self.disconnect_timeout):
-                        await connection.close()  # (no answer in time: closed below)
+                        await connection.close_quietly()  # (no answer in time: closed below)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -184,6 +184,14 @@ class _Connection:
         await self._flush()
         while await self._read():
             pass
+
+    async def close_quietly(self) -> None:
+        """``close()`` on the way out: a connection that breaks while closing is what the
+        caller is leaving anyway; why it leaves (the error in flight) is what counts."""
+        try:
+            await self.close()
+        except Closed:
+            return
 
     def _check_open(self) -> None:
         if self._split.failure is not None:

@@ -20,6 +20,7 @@ from supervisor.config.model import (
     WorkerConfig,
 )
 from supervisor.config.rendering import render_config
+from supervisor.config.shard_spec import decode_spec, encode_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "conf" / "shardvisor.example.toml"
 
@@ -819,3 +820,12 @@ def test_a_streams_unset_values_are_not_rendered_and_its_set_ones_read_back() ->
     assert 'idle_timeout = "5s"' in stream_part and 'ping_interval = "0s"' in stream_part
     assert "ping_timeout" not in stream_part and "compression" not in stream_part
     assert parse_config(tomllib.loads(text)) == config
+
+
+def test_a_registered_shard_keeps_a_streams_timer_set_to_0() -> None:
+    """`shards add` stores only what differs from the defaults: a timer turned off (0) is
+    not a default (None: the section's), so it must survive the round trip."""
+    stream = StreamSpec("a", "ws://h/x", idle_timeout=0.0, ping_interval=5.0, compression="none")
+    shard = ShardConfig("n1", (stream,))
+    assert decode_spec("n1", encode_spec(shard)) == shard
+    assert "ping_timeout" not in encode_spec(shard)
