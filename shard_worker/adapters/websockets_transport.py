@@ -100,7 +100,6 @@ class _Connection:
         self._stream = stream
         self._protocol = protocol
         self._receive_bytes = settings.receive_buffer_size
-        self._limit = settings.max_message_size
         self._split = _Splitter(protocol, settings.max_message_size, settings.receive_buffer_size)
         self._ready: list[str | bytes] = []
         self.last_frame_at = trio.current_time()
