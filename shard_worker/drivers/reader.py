@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit
 
@@ -228,14 +228,16 @@ class StreamReader:
 
     async def _receive(self, connection: Connection, keepalive: Keepalive) -> NoReturn:
         receive, staleness, now = connection.receive_batch, self.staleness, trio.current_time
-        if self.sender is None:
-            handle = self._write_batch(self._recorder().writer(self.spec.id))
-        else:
-            handle = self._send_batch
+        if self.sender is None:  # the jsonl door: synchronous, no coroutine per batch
+            write = self._write_batch(self._recorder().writer(self.spec.id))
+            while True:
+                batch = await receive()
+                keepalive.last_message = staleness.last_message = now()
+                write(batch)
         while True:
             batch = await receive()
             keepalive.last_message = staleness.last_message = now()
-            await handle(batch)
+            await self._send_batch(batch)
 
     async def _keep_alive(
         self,
@@ -283,11 +285,11 @@ class StreamReader:
         assert isinstance(self.recorder, Recorder)  # (no sender: the jsonl door)
         return self.recorder
 
-    def _write_batch(self, write: LineWriter) -> Callable[[Batch], Awaitable[None]]:
+    def _write_batch(self, write: LineWriter) -> Callable[[Batch], None]:
         """The jsonl door of one connection: each record written synchronously (Recorder)."""
         accept, event = self.frames.accept, self._event
 
-        async def write_batch(batch: Batch) -> None:
+        def write_batch(batch: Batch) -> None:
             for message in batch:
                 item = accept(message)
                 if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
