@@ -31,7 +31,7 @@ def setting(default: Any, check: Check) -> Any:
 
 @attrs.frozen
 class WorkerConfig:
-    # "" = derive at start: ECS task id, else "<hostname>-<pid>"
+    # "" = derive at start: ECS task id, else $POD_NAME (Kubernetes), else "<hostname>-<pid>"
     id: str = setting(
         "",
         checks.matching(

@@ -34,7 +34,7 @@ from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import parse_listen
 from supervisor.adapters.worker_id import POD_NAME_ENV
 from supervisor.cli import main as cli_main
-from supervisor.config.loader import load_config
+from supervisor.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "conf" / "kubernetes"

@@ -29,7 +29,6 @@ from typing import Any
 import attrs
 import pytest
 import yaml
-from helpers.fleet import child_pids
 from helpers.live_supervisor import (
     LiveProcess,
     LiveSupervisor,
@@ -39,6 +38,8 @@ from helpers.live_supervisor import (
     supervisor_env,
     wait_for,
 )
+
+from supervisor.devtools.fleet import child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "conf" / "prometheus-alerts.yml"
