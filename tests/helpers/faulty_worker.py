@@ -18,11 +18,12 @@ import time
 
 import trio
 
-import shard_worker.drivers.worker as worker
+import shard_worker.drivers.owner as owner
 from shard_worker.__main__ import main
+from shard_worker.contract.pipe import Fence
 
-real_checkpoint_loop = worker._checkpoint_loop
-real_serve_control = worker._serve_control
+real_checkpoint_loop = owner._checkpoint_loop
+real_serve_control = owner._serve_control
 
 
 async def busy_after_a_while(*args):
@@ -41,19 +42,19 @@ async def ignore_stop(channel, recorder):
         message = await channel.receive()
         if message is None:
             await trio.sleep_forever()  # not even EOF makes it leave
-        if isinstance(message, worker.Fence):
+        if isinstance(message, Fence):
             recorder.fence_deadline = message.deadline
 
 
 if __name__ == "__main__":
     mode = sys.argv.pop(1)
     if mode == "hang":
-        worker._checkpoint_loop = busy_after_a_while
+        owner._checkpoint_loop = busy_after_a_while
     elif mode == "crash":
-        worker._checkpoint_loop = crash_after_a_while
+        owner._checkpoint_loop = crash_after_a_while
     elif mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        worker._serve_control = ignore_stop
+        owner._serve_control = ignore_stop
     elif mode != "ok":
         sys.exit(f"unknown mode {mode!r}")
     sys.exit(main())
