@@ -5,8 +5,9 @@ Placement needs no negotiation: every worker computes it from the same snapshot 
 planner's targets). For each owned shard, the live members other than its owner, ranked by
 ``rendezvous_rank(worker, shard)`` (highest first) and skipping workers at their
 ``max_standbys``, give its ``k`` standbys. A shard handed off by name and not yet taken counts
-its successor as its owner, so a hand-off does not stir its other standbys. Too few peers: the
-rest is not placed (a warning, never a crash). Pure: the driver passes the snapshot and ``now``.
+its successor as its owner, so a hand-off does not stir its other standbys; one released by a
+dead supervisor's child (its last will) keeps its standbys. Too few peers: the rest is not
+placed (a warning, never a crash). Pure: the driver passes the snapshot and ``now``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
+from shard_worker.contract.table import LAST_WILL
 from supervisor.core.items import ShardItem
 from supervisor.core.lease import PeerTracker
 from supervisor.core.planner import rendezvous_rank
@@ -43,6 +45,13 @@ def holder(item: ShardItem) -> str:
     return item.owner or item.successor
 
 
+def orphaned(item: ShardItem) -> bool:
+    """Released by the last will of a child whose supervisor died (and not yet retaken): its
+    standbys stay where they were (the dead owner is no live member any more) and claim it
+    first, as they would a dead owner's shard."""
+    return not item.owner and not item.successor and item.state == LAST_WILL
+
+
 def place_standbys(
     *,
     shards: Iterable[ShardItem],
@@ -60,7 +69,7 @@ def place_standbys(
     unplaced: dict[str, int] = {}
     for item in sorted(shards, key=lambda i: i.id):
         k, owner = wanted.get(item.id, 0), holder(item)
-        if k <= 0 or not owner:
+        if k <= 0 or not (owner or orphaned(item)):
             continue
         ranked = sorted(
             (w for w in live if w != owner), key=lambda w: rendezvous_rank(w, item.id), reverse=True
@@ -109,15 +118,16 @@ def standby_priority(
     now: float,
     wait: float,
 ) -> StandbyPriority:
-    """The standby-first rule. A shard whose owner is dead and which has a placed standby
-    goes to that (first) standby: it holds the recent feed, so nothing between the last
-    checkpoint and now is lost. The others wait ``wait`` (one reconcile interval) from when
-    they first saw it free; then anyone may take it (the standby was not there after all).
-    Updates ``watch`` with this snapshot's free shards."""
-    dead = [i.id for i in shards if i.owner and tracker.is_dead(i.owner, now)]
-    watch.observe(dead, now)
+    """The standby-first rule. A shard whose owner is dead (or that the last will of its dead
+    supervisor's child released) and which has a placed standby goes to that (first) standby:
+    it holds the recent feed, so nothing between the last checkpoint and now is lost. The
+    others wait ``wait`` (one reconcile interval) from when they first saw it free; then
+    anyone may take it (the standby was not there after all). Updates ``watch`` with this
+    snapshot's free shards."""
+    free = [i.id for i in shards if (i.owner and tracker.is_dead(i.owner, now)) or orphaned(i)]
+    watch.observe(free, now)
     claims, waiting = set(), set()
-    for shard in dead:
+    for shard in free:
         first = placement.first(shard)
         if first == me:
             claims.add(shard)
@@ -145,6 +155,7 @@ __all__ = [
     "StandbyPriority",
     "UnplacedReports",
     "holder",
+    "orphaned",
     "place_standbys",
     "standby_priority",
 ]

@@ -381,7 +381,7 @@ class Supervisor:
                 break
             await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         items = {item.id: item for item in snapshot.shards}
-        self.keeper.apply(items, self._runnable, self.runners, self.now())
+        self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
         if self.config.lease.handoff_poll_interval == 0 and accepting:
             await self._answer_handoff_requests()
         self.notifier.notify(status=self._status_line())
@@ -545,7 +545,11 @@ class Supervisor:
             self.runners[shard_id] = standby
             kind = round_policy.promotion_kind(source)
             self.metrics.promotions.labels(kind).inc()
-            log.info("promoting the standby child (%s)", kind, extra={"shard": shard_id})
+            log.info(
+                "promoting the standby child (%s)",
+                kind,
+                extra={"shard": shard_id, "epoch": item.epoch, "checkpoint": item.checkpoint},
+            )
             await standby.promote(item.epoch, dict(item.checkpoint), self.now())
             return
         runner = ShardRunner(self.ctx, shard, item.epoch, dict(item.checkpoint), self.now())

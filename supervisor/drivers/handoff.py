@@ -31,6 +31,7 @@ from supervisor.core.make_before_break import (
 log = logging.getLogger("shardvisor.handoff")
 
 CANCEL_TIMEOUT = 2.0  # the owner's cancel write, after a timeout: best effort
+TAKEN = "taken"  # how an answer ends when the shard is ours (or being taken here)
 
 
 @attrs.frozen
@@ -127,7 +128,8 @@ class Answer:
         take: Callable[[str, int], Awaitable[None]],
         accepting: Callable[[], bool],
     ) -> str:
-        """The handshake; returns how it ended (for the log)."""
+        """The handshake; returns how it ended (for the log): ``TAKEN`` once the shard is ours
+        (or a take of it is under way here), which leaves the standby to that take."""
         shard, epoch = self.request.id, self.request.epoch
         item = await self.store.read_shard(shard)
         if successor_sees(item, me=self.me, epoch=epoch) is not SuccessorSees.WAIT:
@@ -162,12 +164,12 @@ class Answer:
                     if not accepting():
                         return "released to us while we stop taking"
                     await take(shard, epoch)
-                    return "taken"
+                    return TAKEN
                 if seen is SuccessorSees.TAKEN:
-                    return "taken"
+                    return TAKEN
                 if seen is SuccessorSees.GIVE_UP:
                     return "withdrawn or taken by another"
             await trio.sleep(SUCCESSOR_POLL)
 
 
-__all__ = ["Answer", "OwnerOutcome", "await_successor"]
+__all__ = ["TAKEN", "Answer", "OwnerOutcome", "await_successor"]

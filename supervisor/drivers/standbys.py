@@ -28,7 +28,7 @@ from supervisor.core.standby import (
     place_standbys,
     standby_priority,
 )
-from supervisor.drivers.handoff import Answer
+from supervisor.drivers.handoff import TAKEN, Answer
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 
 log = logging.getLogger("shardvisor.standby")
@@ -99,9 +99,9 @@ class StandbyKeeper:
         owned: Collection[str],
         now: float,
     ) -> None:
-        """Run a standby for every shard placed here (and ``runnable``, not ``owned`` by us,
-        not cooling down after a crash loop); stop the others (not while they answer a
-        hand-off request)."""
+        """Run a standby for every shard placed here (and ``runnable``, not ``owned`` by us or
+        being taken, not cooling down after a crash loop); stop the others (not while they
+        answer a hand-off request, nor while a take will promote them)."""
         placed = self.placement.mine(self.ctx.worker_id)
         window = self.ctx.config.supervisor.restart_window
         self._cooling = {s: at for s, at in self._cooling.items() if now - at < window}
@@ -117,7 +117,7 @@ class StandbyKeeper:
                 continue
             self.start(runnable[shard_id], item, now)
         for shard_id, runner in list(self.runners.items()):
-            if shard_id not in placed and shard_id not in self.answering:
+            if shard_id not in placed and shard_id not in self.answering | set(owned):
                 runner.request_stop(NOT_PLACED, self._grace())
 
     def start(self, shard: ShardConfig, item: ShardItem, now: float) -> ShardRunner:
@@ -195,11 +195,13 @@ class StandbyKeeper:
                 runner = self.start(runnable[shard_id], item, self.ctx.now())
             return await runner.wait_standby_ready()
 
+        ended = "cancelled"
         try:
             ended = await answer.run(standby_ready, take, accepting)
         finally:
             self.answering.discard(shard_id)
-            if shard_id not in self.placement.mine(self.ctx.worker_id):
+            # A take (ours, or the hand-off poll's in flight) promotes the standby or stops it.
+            if ended != TAKEN and shard_id not in self.placement.mine(self.ctx.worker_id):
                 self.stop([shard_id], NOT_PLACED)
         log.info("hand-off request answered: %s", ended, extra={"shard": shard_id})
 

@@ -87,6 +87,17 @@ def test_a_dead_owners_shard_keeps_its_standbys_and_a_hand_off_does_not_move_the
     assert before.by_shard == dead.by_shard == {"s3": ("w4", "w1")}
 
 
+def test_a_shard_released_by_a_last_will_keeps_its_standbys():
+    """Its supervisor died: the shard is vacant (released by its child), its owner no live
+    member any more, and its standbys stay where they were."""
+    before = place_standbys(shards=owned(s3="w4"), wanted={"s3": 2}, live=W)
+    will = [ShardItem("s3", "", 1, state="last-will")]
+    after = place_standbys(shards=will, wanted={"s3": 2}, live=["w1", "w2", "w3"])
+    assert before.by_shard == after.by_shard == {"s3": ("w1", "w2")}
+    released = [ShardItem("s3", "", 1, state="released")]  # a graceful release: no holder
+    assert place_standbys(shards=released, wanted={"s3": 2}, live=W) == Placement()
+
+
 def test_unplaced_standbys_are_reported_once_per_change():
     reports = UnplacedReports()
     assert reports.new({"s1": 1, "s2": 2}) == {"s1": 1, "s2": 2}
@@ -141,6 +152,15 @@ def test_the_wait_counts_from_when_this_worker_first_saw_the_shard_free():
     assert (watch.since("s3", 7.0), watch.since("s1", 7.0)) == (5.0, 6.0)
     watch.observe(["s1"], now=8.0)  # s3 taken meanwhile: forgotten
     assert watch.since("s3", 9.0) == 9.0
+
+
+def test_a_shard_released_by_a_last_will_is_claimed_by_its_standby_at_once():
+    tracker = tracker_with_dead("w9", now=1.0)  # nobody is dead: the owner left a will
+    shards = [ShardItem("s3", "", 1, state="last-will"), ShardItem("s1", "", 1)]
+    placement = Placement({"s3": ("w4",), "s1": ("w2",)})
+    kw = dict(shards=shards, placement=placement, tracker=tracker, now=1.0, wait=2.0)
+    assert standby_priority(me="w4", watch=FreeWatch(), **kw) == StandbyPriority(claims={"s3"})
+    assert standby_priority(me="w1", watch=FreeWatch(), **kw) == StandbyPriority(waiting={"s3"})
 
 
 def test_a_second_standby_does_not_claim_while_the_first_lives():

@@ -6,6 +6,8 @@ It runs the real worker with one fault patched in:
 - ``hang``: once ready, blocks its own event loop with a busy loop (CPU-bound code);
 - ``ignore-term``: ignores SIGTERM and every stop message;
 - ``crash``: exits 1 shortly after ready;
+- ``standby-never-ready``: a standby child connects and buffers but never says standby_ready
+  (an owner child is unaffected);
 - ``ok``: no fault (a control).
 """
 
@@ -19,6 +21,7 @@ import time
 import trio
 
 import shard_worker.drivers.owner as owner
+import shard_worker.drivers.standby as standby
 from shard_worker.__main__ import main
 from shard_worker.contract.pipe import Fence
 
@@ -35,6 +38,10 @@ async def busy_after_a_while(*args):
 async def crash_after_a_while(*args):
     await trio.sleep(0.2)
     os._exit(1)
+
+
+async def never_ready(*args):
+    await trio.sleep_forever()
 
 
 async def ignore_stop(channel, recorder):
@@ -55,6 +62,8 @@ if __name__ == "__main__":
     elif mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         owner._serve_control = ignore_stop
+    elif mode == "standby-never-ready":
+        standby.Standby._announce_ready = never_ready
     elif mode != "ok":
         sys.exit(f"unknown mode {mode!r}")
     sys.exit(main())
