@@ -8,7 +8,7 @@ every failure message names both, so a failing run can be repeated with the same
 from __future__ import annotations
 
 import pytest
-from helpers.chaos import DEFAULT_KINDS, ChaosPlan, ChaosRun
+from helpers.chaos import DEFAULT_KINDS, STANDBY_KINDS, ChaosPlan, ChaosRun
 from helpers.fleet import SHARDS, STREAMS, Fleet
 
 from supervisor.devtools.feed import FeedServer
@@ -30,8 +30,9 @@ async def test_chaos_keeps_every_stream_gapless_and_single_writer(fleet):
 
 @pytest.mark.parametrize("ddb_url", ["dynalite"], indirect=True)
 async def test_chaos_with_warm_standbys_on_a_live_feed(tmp_path, ddb_url, table_name, nursery):
-    """The same faults on a live-only feed, with `[standby] count = 1` (issue 14): epochs
-    still never interleave, and nothing is lost where a standby took over."""
+    """The faults a standby bridges, on a live-only feed with `[standby] count = 1` (issue
+    14): epochs still never interleave, and nothing is lost where a standby took over. (Five
+    steps by default: the run is long; SHARDVISOR_CHAOS_STEPS/KINDS choose others.)"""
     feed = FeedServer(rate=200.0, stream_names=STREAMS, live=True)
     port = await nursery.start(feed.serve, "127.0.0.1", 0)
     url = f"ws://127.0.0.1:{port}/feed"
@@ -40,7 +41,8 @@ async def test_chaos_with_warm_standbys_on_a_live_feed(tmp_path, ddb_url, table_
     fleet.settings["lease"]["handoff_timeout"] = "1s"  # fits the 5 s shutdown_timeout
     await fleet.store.ensure_table(True)
     try:
-        run = ChaosRun(fleet, ChaosPlan.from_env(list(SHARDS), STREAMS), standbys=True)
+        plan = ChaosPlan.from_env(list(SHARDS), STREAMS, steps=5, kinds=STANDBY_KINDS)
+        run = ChaosRun(fleet, plan, standbys=True)
         await chaos(fleet, run)
         assert run.promoted, f"{run.tag()} no standby was ever promoted: nothing was checked"
     finally:

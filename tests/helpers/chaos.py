@@ -85,6 +85,10 @@ DEFAULT_KINDS = (
     KILL_SUPERVISOR_STOPPED_CHILD,
 )
 KINDS = DEFAULT_KINDS
+# The faults a warm standby bridges (its owner's supervisor or host gone): what the run with
+# standbys on a live-only feed draws from by default (the others lose what the live feed sent
+# while a child or a connection was down, with or without a standby).
+STANDBY_KINDS = (KILL_SUPERVISOR, STOP_SUPERVISOR, KILL_SUPERVISOR_STOPPED_CHILD)
 
 # --- bounds ----------------------------------------------------------------------------------
 # The documented takeover bound (docs/lease-protocol.md, "Time to take over"): a peer declares a
@@ -192,10 +196,18 @@ class ChaosPlan:
     kinds: tuple[str, ...] = DEFAULT_KINDS
 
     @classmethod
-    def from_env(cls, shards: Sequence[str], streams: Sequence[str]) -> ChaosPlan:
+    def from_env(
+        cls,
+        shards: Sequence[str],
+        streams: Sequence[str],
+        *,
+        steps: int = DEFAULT_STEPS,
+        kinds: Sequence[str] = DEFAULT_KINDS,
+    ) -> ChaosPlan:
+        """The plan the environment asks for (``steps`` and ``kinds`` when it does not)."""
         seed = int(os.environ.get(SEED_ENV, DEFAULT_SEED))
-        steps = int(os.environ.get(STEPS_ENV, DEFAULT_STEPS))
-        kinds = tuple(k for k in os.environ.get(KINDS_ENV, "").split(",") if k) or DEFAULT_KINDS
+        steps = int(os.environ.get(STEPS_ENV, steps))
+        kinds = tuple(k for k in os.environ.get(KINDS_ENV, "").split(",") if k) or tuple(kinds)
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"{KINDS_ENV}: unknown kinds {sorted(unknown)} (known: {KINDS})")
