@@ -45,6 +45,7 @@ from supervisor.core.items import Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import plan_round
 from supervisor.core.runner_state import RunnerState
+from supervisor.drivers.handoff import ShardWatch
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
 
@@ -78,8 +79,18 @@ class Supervisor:
         self.metrics.watch(self.metrics_state)
         if hasattr(store, "observer"):
             store.observer = self.metrics.observe_store
+        self.watch = ShardWatch(store)  # the hand-offs' shard reads, batched
         self.ctx = RunnerContext(
-            config, worker_id, store, self.lease, spawn, now, self.session, self.metrics, wall
+            config,
+            worker_id,
+            store,
+            self.lease,
+            spawn,
+            now,
+            self.session,
+            self.metrics,
+            wall,
+            self.watch,
         )
         self.keeper = StandbyKeeper(self.ctx, self._start_standby)
         self._advertised: tuple[str, ...] | None = None  # standbys our item shows
@@ -173,6 +184,7 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
+            nursery.start_soon(self.watch.run)
             if self.config.lease.handoff_poll_interval > 0:
                 nursery.start_soon(self._handoff_poll_loop)
             if self.notifier.watchdog_interval:

@@ -1,7 +1,10 @@
 """Both halves of the make-before-break handshake, as trio loops over the lease store.
 
 The owner asks and waits for its successor's standby (``await_successor``); the successor
-gets a standby ready, answers, and takes the shard once it is released (``answer_request``).
+gets a standby ready, answers, and takes the shard once it is released (``Answer``). Both
+read the shard item through the supervisor's ``ShardWatch``: one consistent batch read per
+tick for every hand-off under way, so a drain of fifty shards polls with one request, not
+fifty (and leaves the store client's threads to the heartbeat).
 What each side makes of the item it reads, and how long it waits, is decided in
 ``supervisor.core.make_before_break``; this module only reads, writes and sleeps. Each side
 gives up on its own bound, and giving up is always safe: the shard then moves as it did
@@ -16,7 +19,12 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, StoreUnavailable
+from supervisor.adapters.lease_store.base import (
+    LeaseConflict,
+    LeaseStore,
+    LeaseStoreError,
+    StoreUnavailable,
+)
 from supervisor.core.items import HandoffRequest, ShardItem
 from supervisor.core.make_before_break import (
     OWNER_POLL,
@@ -30,8 +38,53 @@ from supervisor.core.make_before_break import (
 
 log = logging.getLogger("shardvisor.handoff")
 
+Read = Callable[[str], Awaitable[ShardItem | None]]  # a shard item, consistent (None: none)
+
 CANCEL_TIMEOUT = 2.0  # the owner's cancel write, after a timeout: best effort
 TAKEN = "taken"  # how an answer ends when the shard is ours (or being taken here)
+
+
+@attrs.define
+class _Round:
+    """One batch read: the shards asked for, then what it found (or why it failed)."""
+
+    wanted: set[str] = attrs.field(factory=set)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    found: dict[str, ShardItem] = attrs.field(factory=dict)
+    error: StoreUnavailable | None = None
+
+
+@attrs.define
+class ShardWatch:
+    """Reads the shard items that hand-offs wait on, all at once, at most every ``interval``
+    seconds, and only while some hand-off waits (``run`` sleeps otherwise)."""
+
+    store: LeaseStore
+    interval: float = SUCCESSOR_POLL
+    _next: _Round = attrs.field(factory=_Round)
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+
+    async def read(self, shard: str) -> ShardItem | None:
+        """The item as the next batch read finds it; StoreUnavailable if that read failed."""
+        round_ = self._next
+        round_.wanted.add(shard)
+        self._wake.set()
+        await round_.done.wait()
+        if round_.error is not None:
+            raise round_.error
+        return round_.found.get(shard)
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            round_, self._next = self._next, _Round()
+            try:
+                round_.found = await self.store.read_shards(round_.wanted)
+            except LeaseStoreError as exc:
+                round_.error = StoreUnavailable(str(exc))
+            round_.done.set()
+            await trio.sleep(self.interval)
 
 
 @attrs.frozen
@@ -46,6 +99,7 @@ class OwnerOutcome:
 
 async def await_successor(
     store: LeaseStore,
+    read: Read,
     *,
     shard: str,
     me: str,
@@ -67,18 +121,18 @@ async def await_successor(
         return OwnerOutcome(fallback=Fallback.STORE)
     outcome = OwnerOutcome(fallback=Fallback.TIMEOUT)
     with trio.move_on_after(timeout):
-        outcome = await _poll_for_ready(store, shard, me, epoch, successor, abort)
+        outcome = await _poll_for_ready(read, shard, me, epoch, successor, abort)
     if outcome.fallback in (Fallback.TIMEOUT, Fallback.FAST_SHUTDOWN):
         await _withdraw(store, shard, me, epoch)
     return outcome
 
 
 async def _poll_for_ready(
-    store: LeaseStore, shard: str, me: str, epoch: int, successor: str, abort: trio.Event
+    read: Read, shard: str, me: str, epoch: int, successor: str, abort: trio.Event
 ) -> OwnerOutcome:
     while not abort.is_set():
         try:
-            item = await store.read_shard(shard)
+            item = await read(shard)
         except StoreUnavailable as exc:
             log.debug("hand-off read failed, retrying: %s", exc, extra={"shard": shard})
             item = None
@@ -117,6 +171,7 @@ class Answer:
     released shard (and promotes the standby); ``accepting`` says whether we still take."""
 
     store: LeaseStore
+    read: Read  # the supervisor's ShardWatch
     me: str
     request: HandoffRequest
     ready_within: float  # handoff_timeout: the owner withdraws after that anyway
@@ -153,11 +208,12 @@ class Answer:
         self, take: Callable[[str, int], Awaitable[None]], accepting: Callable[[], bool]
     ) -> str:
         shard, epoch = self.request.id, self.request.epoch
-        while True:
+        while True:  # each read waits for the watch's next batch (every SUCCESSOR_POLL)
             try:
-                item = await self.store.read_shard(shard)
+                item = await self.read(shard)
             except StoreUnavailable as exc:
                 log.debug("hand-off read failed, retrying: %s", exc, extra={"shard": shard})
+                await trio.sleep(SUCCESSOR_POLL)
             else:
                 seen = successor_sees(item, me=self.me, epoch=epoch)
                 if seen is SuccessorSees.TAKE:
@@ -169,7 +225,6 @@ class Answer:
                     return TAKEN
                 if seen is SuccessorSees.GIVE_UP:
                     return "withdrawn or taken by another"
-            await trio.sleep(SUCCESSOR_POLL)
 
 
-__all__ = ["TAKEN", "Answer", "OwnerOutcome", "await_successor"]
+__all__ = ["TAKEN", "Answer", "OwnerOutcome", "ShardWatch", "await_successor"]

@@ -37,7 +37,7 @@ from supervisor.core.lease import OwnLease
 from supervisor.core.make_before_break import Fallback, HandoffPlan, Mode, min_cut
 from supervisor.core.restart_policy import RestartPolicy
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
-from supervisor.drivers.handoff import await_successor
+from supervisor.drivers.handoff import ShardWatch, await_successor
 
 log = logging.getLogger("shardvisor.shard")
 
@@ -64,6 +64,7 @@ class RunnerContext:
     session: str = ""  # the supervisor's, for the children's last will
     metrics: Metrics = attrs.field(factory=Metrics)
     wall: Callable[[], float] = time.time  # wall clock for humans (the hand-off request)
+    watch: ShardWatch | None = None  # the shard reads of hand-offs (None: one read each)
 
 
 @attrs.frozen
@@ -572,8 +573,10 @@ class ShardRunner:
         await self._handing_off.wait()
         stop = self._stop
         assert stop is not None
+        watch = self.ctx.watch
         outcome = await await_successor(
             self.ctx.store,
+            watch.read if watch is not None else self.ctx.store.read_shard,
             shard=self.shard_id,
             me=self.ctx.worker_id,
             epoch=self.epoch,

@@ -179,8 +179,10 @@ class StandbyKeeper:
         shard_id = request.id
         self.answering.add(shard_id)
         cfg = self.ctx.config
+        watch = self.ctx.watch
         answer = Answer(
             self.ctx.store,
+            watch.read if watch is not None else self.ctx.store.read_shard,
             self.ctx.worker_id,
             request,
             cfg.lease.handoff_timeout,

@@ -541,3 +541,19 @@ async def test_the_release_and_the_take_end_a_hand_off(store: LeaseStore) -> Non
     taken = await store.take("a", "w4", "w2", 2, 5.0)
     assert (taken.successor, taken.handoff_stage, taken.handoff_first) == ("", "", {})
     assert await store.handoff_requests() == ()
+
+
+async def test_read_shards_reads_many_at_once_and_leaves_out_the_missing(store: LeaseStore) -> None:
+    for shard_id in ("a", "b", "c"):
+        await store.ensure_shard(shard_id)
+    await store.take("b", "w1", "", 0, 1.0)
+    await store.request_handoff("b", "w1", 1, "w2", 2.0)
+    found = await store.read_shards(["b", "a", "missing", "b"])
+    assert sorted(found) == ["a", "b"]
+    assert found["b"] == await store.read_shard("b")
+    assert (found["b"].owner, found["b"].handoff_stage) == ("w1", "requested")
+    assert await store.read_shards([]) == {}
+    many = [f"m{i:03d}" for i in range(130)]  # more than one BatchGetItem holds
+    for shard_id in many:
+        await store.ensure_shard(shard_id)
+    assert sorted(await store.read_shards(many)) == many

@@ -38,7 +38,7 @@ async def test_chaos_with_warm_standbys_on_a_live_feed(tmp_path, ddb_url, table_
     url = f"ws://127.0.0.1:{port}/feed"
     fleet = Fleet(tmp_path, ddb_url, table_name, url, SHARDS, feed=feed, live_feed=True)
     fleet.settings["standby"] = {"count": 1}
-    fleet.settings["lease"]["handoff_timeout"] = "1s"  # fits the 5 s shutdown_timeout
+    fleet.settings["lease"]["handoff_timeout"] = "2s"  # fits the 5 s shutdown_timeout
     await fleet.store.ensure_table(True)
     try:
         plan = ChaosPlan.from_env(list(SHARDS), STREAMS, steps=5, kinds=STANDBY_KINDS)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 FAULTY = str(Path(__file__).resolve().parents[1] / "helpers" / "faulty_worker.py")
 GAPS = "shardvisor_stream_messages_total"
-HANDOFF_TIMEOUT = 1.0  # with shutdown_timeout 5 s: 1 s + the stop grace 2.5 s fit the drain
+HANDOFF_TIMEOUT = 2.0  # with shutdown_timeout 5 s: 2 s + the stop grace 2.5 s fit the 4.5 s drain
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ See docs/lease-protocol.md for the items and the conditions.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
@@ -141,6 +142,10 @@ class LeaseStore(Protocol):
     async def read_shard(self, shard_id: str) -> ShardItem | None:
         """One shard item, strongly consistent (None if there is none). Polled only while a
         hand-off is under way."""
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        """Several shard items at once, strongly consistent (BatchGetItem), by id; missing
+        ones are absent. Every hand-off waiting on this worker reads through one request."""
 
     async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
         """The owned shards whose owner asks for a hand-off, from the sparse index

@@ -7,6 +7,7 @@ read-check-write, exactly like one conditional request. Knobs inject failures.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 
 import attrs
 import trio
@@ -44,6 +45,7 @@ OPERATIONS = frozenset(
         "handoff_ready",
         "cancel_handoff",
         "read_shard",
+        "read_shards",
         "handoff_requests",
     }
 )
@@ -326,6 +328,12 @@ class MemoryLeaseStore:
         table = await self._enter("read_shard")
         item = table.shards.get(shard_id)
         return None if item is None else _copy(item)
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        table = await self._enter("read_shards")
+        return {
+            sid: _copy(table.shards[sid]) for sid in sorted(set(shard_ids)) if sid in table.shards
+        }
 
     async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
         table = await self._enter("handoff_requests")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
@@ -208,7 +208,7 @@ class DynamoLeaseStore:
         keys = [{t.PK: item[t.PK]} for item in listed]
         workers: list[WorkerItem] = []
         for start in range(0, len(keys), _BATCH_GET_KEYS):
-            items = await self._batch_get(keys[start : start + _BATCH_GET_KEYS])
+            items = await self._batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS])
             workers += [codec.worker_from(item) for item in items]
         return tuple(sorted(workers, key=lambda w: w.id))
 
@@ -234,21 +234,19 @@ class DynamoLeaseStore:
             params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         raise LeaseStoreError(f"{op}: more than {_INDEX_PAGES} pages in the roster index")
 
-    async def _batch_get(self, keys: list[Item]) -> list[Item]:
+    async def _batch_get(self, op: str, keys: list[Item]) -> list[Item]:
         """Strongly consistent: liveness is judged on these counters, never on stale ones."""
         items: list[Item] = []
         request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
         for attempt in range(_BATCH_GET_ROUNDS):
-            response = await self._db.request(
-                "read_workers", "batch_get_item", RequestItems=request
-            )
+            response = await self._db.request(op, "batch_get_item", RequestItems=request)
             items += response.get("Responses", {}).get(self.table, [])
             request = response.get("UnprocessedKeys") or {}
             if not request:
                 return items
             await trio.sleep(0.05 * 2**attempt)
         raise StoreUnavailable(
-            f"read_workers: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
+            f"{op}: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
         )
 
     async def snapshot(self) -> Snapshot:
@@ -429,6 +427,15 @@ class DynamoLeaseStore:
         )
         item = response.get("Item")
         return None if item is None else codec.shard_from(item)
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        keys = [shard_key(shard_id) for shard_id in sorted(set(shard_ids))]
+        found: dict[str, ShardItem] = {}
+        for start in range(0, len(keys), _BATCH_GET_KEYS):
+            for item in await self._batch_get("read_shards", keys[start : start + _BATCH_GET_KEYS]):
+                shard = codec.shard_from(item)
+                found[shard.id] = shard
+        return found
 
     async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
         listed = await self._query_roster("handoff_requests", t.ROSTER_HANDOFF)
