@@ -354,3 +354,22 @@ async def test_the_status_of_a_supervisor_shows_its_standbys(autojump_clock):
         assert "shardvisor_standby_children 2.0" in exposition
         assert 'shardvisor_standby_buffered_records{shard="s0"}' in exposition
         nursery.cancel_scope.cancel()
+
+
+async def test_a_shard_removed_at_a_reload_moves_make_before_break(autojump_clock):
+    h = Harness(config(shards=2))
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        await w1.reload(attrs.evolve(h.config, shards=h.config.shards[:1]))  # s1 left w1's file
+        await wait_for(lambda: _owners_are(h, {"s0": "w1", "s1": "w2"}))
+        changed = attrs.evolve(h.config.shards[0], streams=(StreamSpec("s0", "ws://h/new", "seq"),))
+        await w1.reload(attrs.evolve(h.config, shards=(changed,)))  # s0 restarts here
+        await wait_for(lambda: _owned_epoch(h, "s0", "w1", 2))
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
+    assert metric(w1, "shardvisor_handoffs_total", mode="break_before_make") == 0  # not to a peer
+    assert continuity(h.writes, "s1") == ([], [])
+
+
+async def _owned_epoch(h: Harness, shard: str, owner: str, epoch: int) -> bool:
+    return (await h.owners())[shard] == (owner, epoch)

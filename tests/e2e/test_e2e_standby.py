@@ -7,6 +7,7 @@ On such a feed whatever no child was connected for is gone: these tests count it
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -121,6 +122,15 @@ async def cli(fleet: Fleet, *args: str) -> int:
     return result.returncode
 
 
+async def status_json(fleet: Fleet) -> dict:
+    result = await trio.run_process(
+        [sys.executable, "-m", "supervisor", "status", "--json", "-c", "w1.toml"],
+        cwd=fleet.workdir,
+        capture_stdout=True,
+    )
+    return json.loads(result.stdout)
+
+
 async def wait_owner(fleet: Fleet, shards: Iterable[str], owner: str, timeout: float) -> None:
     shards = list(shards)
     with trio.fail_after(timeout):
@@ -203,6 +213,11 @@ async def test_host_death_with_a_warm_standby_loses_nothing(live_fleet):
         await fleet.start("w2")
         await wait_split(fleet, ["w1", "w2"])
         owners = await wait_standbys_everywhere(fleet)
+        status = await status_json(fleet)
+        assert {s["id"]: s["standbys"] for s in status["shards"]} == {
+            shard: ["w2" if owner == "w1" else "w1"] for shard, owner in owners.items()
+        }
+        assert {w["id"]: len(w["standbys"]) for w in status["workers"]} == {"w1": 2, "w2": 2}
         await catch_up(fleet, STREAMS)
         # A standby child of w2 crashes: restarted; its owner (w1) never notices.
         standby = next(
