@@ -150,7 +150,9 @@ class StandbySettings:
     make-before-break hand-offs; docs/pipe-protocol.md)."""
 
     buffer: float = 30.0  # seconds: records received longer ago than this are dropped
-    max_bytes: int = 64 * 1024 * 1024  # message lengths, all streams; past it the oldest go
+    # The buffer's memory, all streams (each record: its message's length + ~173 bytes of
+    # Python objects); past it the oldest records go.
+    max_bytes: int = 64 * 1024 * 1024
     quiet: float = 1.0  # seconds a connected stream may stay silent before it counts as ready
 
 
@@ -252,7 +254,7 @@ class StandbyStats:
     """A standby child's buffer, in its heartbeats."""
 
     buffered: int = 0  # records held, all streams
-    bytes: int = 0  # their message lengths
+    bytes: int = 0  # their memory (as counted against max_bytes)
     dropped: int = 0  # records dropped from a full buffer (max_bytes) since start
     first_seq: dict[str, int] = attrs.field(factory=dict)  # oldest seq held per stream
     connected: tuple[str, ...] = attrs.field(default=(), converter=_strings)  # streams now

@@ -11,8 +11,10 @@ once, the same way as for a live message.
   driver calls it about once a second: a finer grain buys nothing against a 30 s window),
   except what ``hold`` promised to keep: the records from the ``first_seq`` of a
   ``standby_ready``, for ``buffer`` seconds after it was sent.
-- **By size.** Past ``max_bytes`` (message lengths, all streams together) the oldest records
-  go at once, whatever was promised: memory is bounded first. They are counted in
+- **By size.** Past ``max_bytes`` (all streams together; each record counts its message's
+  length plus ``RECORD_OVERHEAD``, so that it bounds the memory taken) the oldest records
+  go at once (down to 1/64th below it: a full buffer makes room once per that many bytes, not
+  per frame), whatever was promised: memory is bounded first. They are counted in
   ``dropped``; a promotion that misses them sees a gap (counted and logged there).
 - **Ready.** ``ready_first_seq``: every stream connected and, per sequenced stream, a record
   held (its oldest is ``first_seq[s]``) or ``quiet`` seconds connected without one.
@@ -30,16 +32,30 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 Frame = str | bytes
 Held = tuple[float, int | None, Frame]  # (received at, seq or None, the frame as received)
 Append = Callable[[int | None, Frame, float], None]
+ROOM_LEFT = 64  # a full buffer drops down to max_bytes less 1/64th of it
+# What CPython (3.11, 64-bit) keeps per record besides the message's own characters: the str
+# header (49), the tuple (64), the receive time (24), the seq (28), the deque's slot (8).
+# Counted with each record, so that max_bytes bounds the memory the buffer takes, not only the
+# text (100-byte messages take 2.8 times their length).
+RECORD_OVERHEAD = 173
 
 
 class StandbyBuffer:
     """The recent frames of a shard's streams, bounded by age and by size."""
 
-    def __init__(self, streams: Iterable[str], *, buffer: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        streams: Iterable[str],
+        *,
+        buffer: float,
+        max_bytes: int,
+        overhead: int = RECORD_OVERHEAD,
+    ) -> None:
         self.buffer = buffer
         self.max_bytes = max_bytes
+        self.overhead = overhead
         self._streams: dict[str, deque[Held]] = {stream: deque() for stream in streams}
-        self.bytes = 0  # message lengths held, all streams
+        self.bytes = 0  # what the records held take: their lengths plus the overhead each
         self.dropped = 0  # records dropped because of max_bytes (age trims are not counted)
         self._hold_at = math.inf  # hold: nothing received at or after this ages out...
         self._hold_until = -math.inf  # ...before this
@@ -47,11 +63,11 @@ class StandbyBuffer:
     def appender(self, stream: str) -> Append:
         """The append of one stream, ``(seq, frame, now)``: the hot path of a standby, with
         nothing to look up per frame."""
-        entries = self._streams[stream]
+        entries, overhead = self._streams[stream], self.overhead
 
         def append(seq: int | None, frame: Frame, now: float) -> None:
             entries.append((now, seq, frame))
-            self.bytes += len(frame)
+            self.bytes += len(frame) + overhead
             if self.bytes > self.max_bytes:
                 self._make_room()
 
@@ -70,7 +86,7 @@ class StandbyBuffer:
         trimmed = 0
         for entries in self._streams.values():
             while entries and entries[0][0] < cutoff:
-                self.bytes -= len(entries.popleft()[2])
+                self.bytes -= len(entries.popleft()[2]) + self.overhead
                 trimmed += 1
         return trimmed
 
@@ -101,17 +117,24 @@ class StandbyBuffer:
             if seq is not None and seq <= checkpoint:
                 start = index + 1
         frames = [frame for _, _, frame in itertools.islice(entries, start, None)]
-        self.bytes -= sum(len(frame) for _, _, frame in entries)
+        self.bytes -= sum(len(frame) + self.overhead for _, _, frame in entries)
         entries.clear()
         return frames
 
     def _make_room(self) -> None:
-        """Drop the oldest records, all streams together, until the buffer fits ``max_bytes``."""
-        streams = [entries for entries in self._streams.values()]
-        while self.bytes > self.max_bytes:
-            oldest = min((e for e in streams if e), key=lambda e: e[0][0])
-            self.bytes -= len(oldest.popleft()[2])
+        """Drop the oldest records, all streams together, down to ``ROOM_LEFT`` below
+        ``max_bytes``: a full buffer makes room once per that many bytes, not per frame."""
+        target = self.max_bytes - self.max_bytes // ROOM_LEFT
+        streams = [entries for entries in self._streams.values() if entries]
+        while self.bytes > target:
+            oldest = streams[0]
+            for entries in streams:
+                if entries[0][0] < oldest[0][0]:
+                    oldest = entries
+            self.bytes -= len(oldest.popleft()[2]) + self.overhead
             self.dropped += 1
+            if not oldest:
+                streams.remove(oldest)
 
 
 def ready_first_seq(

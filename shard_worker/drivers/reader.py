@@ -40,6 +40,7 @@ from shard_worker.drivers.recorder import Recorder
 from shard_worker.records import Record
 
 MALFORMED_LOG_INTERVAL = 1.0
+REPLAY_YIELD = 1024  # frames a replay writes between two schedule points
 
 Receive = Callable[[], Awaitable[str | bytes]]
 
@@ -244,10 +245,12 @@ class StreamReader:
     async def replay(self, frames: Iterable[str | bytes]) -> None:
         """Run ``frames`` (received earlier: a standby's buffer) through the door, in order,
         as if they arrived now: dedup, gaps, dead letters as for any message. While paused."""
-        pending = iter(frames)
+        pending = enumerate(frames, start=1)
 
         async def receive() -> str | bytes:
-            for frame in pending:
+            for count, frame in pending:
+                if not count % REPLAY_YIELD:
+                    await trio.sleep(0)  # the connections' own tasks and the pipes go on
                 return frame
             raise _Replayed
 

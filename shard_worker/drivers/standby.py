@@ -16,6 +16,7 @@ The lifecycle around it (start, the sink, the owner's loops, exit codes) is the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -71,7 +72,7 @@ class StandbyReader(StreamReader):
         super().__init__(spec, recorder=_Held(checkpoint), **kwargs)
         self.frames.keep_text = False  # the text is kept whole, not rendered
         self.buffer: StandbyBuffer | None = buffer  # None once promoted
-        self.connected_since: float | None = None  # trio time of the current connection
+        self.connected_since: float | None = None  # time.monotonic() of the current connection
 
     def _loop(self, receive: Receive) -> Awaitable[NoReturn]:
         if self.buffer is None:
@@ -80,7 +81,8 @@ class StandbyReader(StreamReader):
 
     async def _buffer_loop(self, receive: Receive, buffer: StandbyBuffer) -> NoReturn:
         """Keep each message with its sequence number and receive time; write nothing."""
-        self.connected_since = trio.current_time()
+        clock = time.monotonic  # (cheaper per frame than trio's clock)
+        self.connected_since = clock()
         try:
             if self.path is None:  # unsequenced: nothing to resume after, nothing kept
                 while True:
@@ -91,9 +93,9 @@ class StandbyReader(StreamReader):
                 message = await receive()
                 item = accept(message)
                 if isinstance(item, tuple):
-                    append(item[0], message, trio.current_time())
+                    append(item[0], message, clock())
                 elif item is not None:  # a gap (counted) or a dead letter: kept, raw
-                    append(self._seq_of(item), message, trio.current_time())
+                    append(self._seq_of(item), message, clock())
         finally:
             self.connected_since = None
 
@@ -201,7 +203,7 @@ class Standby:
         sequenced = {reader.spec.id for reader in self.readers if reader.path is not None}
         quiet = self.start.standby.quiet
         while True:
-            now = trio.current_time()
+            now = time.monotonic()
             since = {reader.spec.id: reader.connected_since for reader in self.readers}
             first = ready_first_seq(since, sequenced, self.buffer.first_seq(), quiet=quiet, now=now)
             if first is not None:
@@ -219,7 +221,7 @@ class Standby:
             before = trio.current_time()
             await trio.sleep(interval)
             now = trio.current_time()
-            self.buffer.trim(now)
+            self.buffer.trim(time.monotonic())
             await report(
                 Heartbeat(
                     written=0,

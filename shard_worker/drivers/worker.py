@@ -270,23 +270,40 @@ async def _run_shard(shard: _Shard, channel: MessageChannel, log: Log) -> Stop:
     reading = trio.CancelScope()
     async with trio.open_nursery() as nursery:
         if shard.output is None:
-            standby = Standby(start, transport, log)
-            readers: list[StreamReader] = list(standby.readers)
-            await nursery.start(run_readers, readers, reading)
-            log.info(f"standby: epoch={start.epoch} streams={len(readers)} {start.standby}")
-            message = await standby.serve(channel.receive, partial(report, channel))
-            if message is None:
-                raise ControlClosed("control pipe closed")
-            if isinstance(message, Stop):
+            promoted = await _stand_by(shard, transport, reading, nursery, channel, log)
+            if isinstance(promoted, Stop):
                 nursery.cancel_scope.cancel()
-                return message
-            await _promote(shard, standby, message, nursery, log)
+                return promoted
+            readers = promoted
         else:
             readers = await start_readers(start, shard.output, transport, reading, nursery, log)
         assert shard.output is not None
         stop = await own(shard.start, shard.output, readers, reading, nursery, channel, log)
         nursery.cancel_scope.cancel()
     return stop
+
+
+async def _stand_by(
+    shard: _Shard,
+    transport: TrioWebSocket,
+    reading: trio.CancelScope,
+    nursery: trio.Nursery,
+    channel: MessageChannel,
+    log: Log,
+) -> list[StreamReader] | Stop:
+    """A standby's readers, reading (in ``reading``) into its buffer until ``promote`` (then
+    they read into the promoted output: returned) or ``stop`` (returned)."""
+    start = shard.start
+    standby = Standby(start, transport, log)
+    await nursery.start(run_readers, standby.readers, reading)
+    log.info(f"standby: epoch={start.epoch} streams={len(standby.readers)} {start.standby}")
+    message = await standby.serve(channel.receive, partial(report, channel))
+    if message is None:
+        raise ControlClosed("control pipe closed")
+    if isinstance(message, Promote):
+        await _promote(shard, standby, message, nursery, log)
+        return list(standby.readers)
+    return message
 
 
 async def _promote(

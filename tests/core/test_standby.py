@@ -3,11 +3,18 @@ standby_ready, readiness, and what promotion writes. Pure: every time is given."
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shard_worker.core.standby import StandbyBuffer, ready_first_seq
+
+
+def held_in(streams: list[str], *, buffer: float, max_bytes: int) -> StandbyBuffer:
+    """A buffer counting message lengths only (no per-record overhead): plain arithmetic."""
+    return StandbyBuffer(streams, buffer=buffer, max_bytes=max_bytes, overhead=0)
 
 
 def frame(seq: int, size: int = 10) -> str:
@@ -17,7 +24,7 @@ def frame(seq: int, size: int = 10) -> str:
 
 def filled(seqs: range, *, buffer: float = 30.0, max_bytes: int = 10_000) -> StandbyBuffer:
     """Stream "a" holding ``seqs``, one frame of 10 bytes per second from t = 0."""
-    held = StandbyBuffer(["a", "b"], buffer=buffer, max_bytes=max_bytes)
+    held = held_in(["a", "b"], buffer=buffer, max_bytes=max_bytes)
     append = held.appender("a")
     for at, seq in enumerate(seqs):
         append(seq, frame(seq), float(at))
@@ -38,7 +45,7 @@ def test_trim_drops_what_is_older_than_the_buffer_uncounted() -> None:
 
 
 def test_max_bytes_drops_the_oldest_of_every_stream_counted() -> None:
-    held = StandbyBuffer(["a", "b"], buffer=30.0, max_bytes=45)
+    held = held_in(["a", "b"], buffer=30.0, max_bytes=45)
     a, b = held.appender("a"), held.appender("b")
     a(1, frame(1), 0.0)
     b(1, frame(1), 1.0)
@@ -53,8 +60,23 @@ def test_max_bytes_drops_the_oldest_of_every_stream_counted() -> None:
     assert held.first_seq() == {"a": 3, "b": 2}
 
 
+def test_a_full_buffer_makes_room_for_a_64th_of_it_at_once() -> None:
+    """Not a drop per frame once full: the oldest go down to max_bytes less 1/64th."""
+    held = held_in(["a"], buffer=30.0, max_bytes=6400)
+    append = held.appender("a")
+    for seq in range(1, 321):
+        append(seq, frame(seq, 20), 0.0)
+    assert (held.bytes, held.dropped) == (6400, 0)
+    append(321, frame(321, 20), 0.0)
+    assert (held.bytes, held.dropped) == (6300, 6)
+    for seq in range(322, 327):
+        append(seq, frame(seq, 20), 0.0)
+    assert (held.bytes, held.dropped) == (6400, 6)  # room for 5 more at no cost
+    assert held.first_seq() == {"a": 7}
+
+
 def test_a_frame_larger_than_the_whole_buffer_is_dropped_itself() -> None:
-    held = StandbyBuffer(["a"], buffer=30.0, max_bytes=5)
+    held = held_in(["a"], buffer=30.0, max_bytes=5)
     held.appender("a")(1, frame(1), 0.0)
     assert (held.buffered, held.bytes, held.dropped) == (0, 0, 1)
 
@@ -94,12 +116,12 @@ def test_take_around_the_ends(checkpoint: int, expected: list[int]) -> None:
 def test_take_keeps_a_malformed_frame_received_after_the_cut() -> None:
     """Unnumbered frames (malformed) are written at promotion (dead-lettered there) only if
     they came after the last record the old owner wrote."""
-    held = StandbyBuffer(["a"], buffer=30.0, max_bytes=1000)
+    held = held_in(["a"], buffer=30.0, max_bytes=1000)
     append = held.appender("a")
     for at, (seq, text) in enumerate([(4, "4"), (None, "bad-1"), (5, "5"), (None, "bad-2")]):
         append(seq, text, float(at))
     assert held.take("a", checkpoint=4) == ["bad-1", "5", "bad-2"]
-    held = StandbyBuffer(["a"], buffer=30.0, max_bytes=1000)
+    held = held_in(["a"], buffer=30.0, max_bytes=1000)
     append = held.appender("a")
     for at, (seq, text) in enumerate([(4, "4"), (None, "bad-1"), (5, "5"), (None, "bad-2")]):
         append(seq, text, float(at))
@@ -115,7 +137,7 @@ def test_take_keeps_a_malformed_frame_received_after_the_cut() -> None:
 def test_bounds_always_hold_and_take_is_exactly_after_the_checkpoint(
     sizes: list[int], max_bytes: int, buffer: float, checkpoint: int
 ) -> None:
-    held = StandbyBuffer(["a"], buffer=buffer, max_bytes=max_bytes)
+    held = held_in(["a"], buffer=buffer, max_bytes=max_bytes)
     append = held.appender("a")
     for seq, size in enumerate(sizes, start=1):
         append(seq, "x" * size, float(seq))
@@ -149,3 +171,20 @@ def test_a_quiet_stream_is_ready_after_quiet_seconds_and_left_out() -> None:
     since = {"a": 0.0, "b": 0.5}
     assert ready_first_seq(since, {"a", "b"}, {"a": 3}, quiet=1.0, now=1.4) is None
     assert ready_first_seq(since, {"a", "b"}, {"a": 3}, quiet=1.0, now=1.5) == {"a": 3}
+
+
+def test_what_a_buffer_counts_is_about_the_memory_it_takes() -> None:
+    """max_bytes bounds memory: each record counts its length plus what Python keeps with it."""
+    held = StandbyBuffer(["a"], buffer=30.0, max_bytes=1 << 40)
+    append = held.appender("a")
+    texts = [f'{{"seq":{seq},"pad":"{"x" * 80}"}}' for seq in range(100_000, 110_000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq, text in enumerate(texts, start=100_000):
+            append(seq, text, float(seq))
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # (the texts themselves were allocated before: what the buffer adds is the rest)
+    assert 0.85 < (taken + sum(map(len, texts)) + 49 * len(texts)) / held.bytes < 1.15
