@@ -192,8 +192,8 @@ class StandbyKeeper:
         async def standby_ready(item: ShardItem) -> dict[str, int] | None:
             runner = self.runners.get(shard_id)
             if runner is None or runner.state is RunnerState.STOPPING:
-                if runner is not None or shard_id not in runnable:
-                    return None  # one is on its way out: wait for none
+                if runner is not None or shard_id not in runnable or not accepting():
+                    return None  # one on its way out, or we stop: start none
                 runner = self.start(runnable[shard_id], item, self.ctx.now())
             return await runner.wait_standby_ready()
 
