@@ -11,6 +11,11 @@ cancellation; while the channel is full the reader does not read, and TCP pushes
 
 A message that cannot be a record (malformed, or over ``max_message_size``) goes to the
 dead-letter sink with its reason, and is counted; the log says so once per burst.
+
+The door can change under an open connection (a standby's promotion: from its buffer to the
+sink): ``pause()`` cancels the read loop, which only lands at the receive point (a cancelled
+``receive()`` loses no message: the transport keeps it for the next one), ``switch()`` sets
+the new door, ``replay()`` runs frames received earlier through it, ``resume()`` reads on.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -34,16 +39,36 @@ from shard_worker.core.frames import DeadLetter, Entry, FrameDecoder, Gap
 from shard_worker.drivers.recorder import Recorder
 from shard_worker.records import Record
 
-if TYPE_CHECKING:
-    from shard_worker.drivers.pipeline import BatchPipeline
-
 MALFORMED_LOG_INTERVAL = 1.0
+REPLAY_YIELD = 1024  # frames a replay writes between two schedule points
 
 Receive = Callable[[], Awaitable[str | bytes]]
 
 
 class _SinkTaskGone(Exception):
     """The sink task closed its channel (the worker is exiting)."""
+
+
+class _Replayed(Exception):
+    """The frames of a replay are all handled."""
+
+
+class Door(Protocol):
+    """What a reader needs of the door to the sink besides its read loop (the Recorder, the
+    BatchPipeline, or a standby's buffer, which writes nothing)."""
+
+    def last(self, stream: str) -> int: ...
+
+    def dead_letter(
+        self,
+        stream: str,
+        seq: int | None,
+        data: Any,
+        *,
+        reason: str,
+        error: str,
+        encoding: str = "",
+    ) -> None: ...
 
 
 @attrs.frozen
@@ -80,7 +105,7 @@ class StreamReader:
         self,
         spec: StreamSpec,
         *,
-        recorder: Recorder | BatchPipeline,
+        recorder: Door,
         settings: WorkerSettings,
         placeholders: Placeholders,
         log: Log,
@@ -88,7 +113,8 @@ class StreamReader:
         sender: trio.MemorySendChannel[tuple[Record, int]] | None = None,
     ) -> None:
         """``recorder``: the Recorder (jsonl: written synchronously), or the BatchPipeline, whose
-        channel ``sender`` takes the records (closed when the reader ends)."""
+        channel ``sender`` takes the records (closed when the reader ends); a standby's reader
+        (drivers/standby.py) has a door of its own and its own read loop."""
         self.spec = spec
         self.recorder = recorder
         self.settings = settings
@@ -96,15 +122,21 @@ class StreamReader:
         self.log = log
         self.transport = transport
         self.sender = sender
-        self.frames = FrameDecoder(
-            spec.sequence, last=recorder.last(spec.id), keep_text=sender is None
-        )
+        self._count_from(recorder.last(spec.id))
+        self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
+        self._open = trio.Event()  # the gate: set = read, clear = paused (see pause)
+        self._open.set()
+        self._reading: trio.CancelScope | None = None  # the read loop's, while it runs
+        self._left = trio.Event()  # set when that loop has ended
+
+    def _count_from(self, last: int) -> None:
+        """A new decoder resuming after ``last``, and every count from zero."""
+        self.frames = FrameDecoder(self.spec.sequence, last=last, keep_text=self.sender is None)
         self.path = self.frames.path  # None: an unsequenced stream
         self.tracker = self.frames.tracker
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
         self.reconnects = 0
         self.dead_lettered = 0  # malformed or too large messages put in the dead-letter sink
-        self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
 
     @property
     def received(self) -> int:
@@ -147,10 +179,7 @@ class StreamReader:
                 self._info(f"connected to {_redact(url)} (after={after})")
                 if self.spec.subscribe:
                     await connection.send(self.placeholders.render(self.spec.subscribe, after))
-                if self.sender is None:
-                    await self._write_loop(connection.receive)
-                else:
-                    await self._send_loop(connection.receive)
+                await self._read(connection.receive)
         except MessageTooLarge as exc:
             # Not a healthy connection: a feed that replays the message meets a growing
             # backoff (up to reconnect_max), not a tight reconnect loop.
@@ -168,6 +197,67 @@ class StreamReader:
         if not self.settings.verify_tls:
             self._warning(VERIFY_OFF_WARNING)
         return self._tls
+
+    async def _read(self, receive: Receive) -> NoReturn:
+        """The door's read loop, run again after each pause (on the same connection)."""
+        while True:
+            await self._open.wait()
+            if not self._open.is_set():
+                continue  # paused again before this task ran
+            self._left = trio.Event()
+            try:
+                with trio.CancelScope() as self._reading:
+                    await self._loop(receive)
+            finally:
+                self._reading = None
+                self._left.set()
+
+    def _loop(self, receive: Receive) -> Awaitable[NoReturn]:
+        """The read loop of this reader's door."""
+        return self._write_loop(receive) if self.sender is None else self._send_loop(receive)
+
+    async def pause(self) -> None:
+        """Stop reading at a message boundary, the connection left open; returns once no
+        message is being handled (a record being handed to a full channel is handed first).
+        A reader between connections is paused at once: it connects, then waits."""
+        self._open = trio.Event()
+        if self._reading is not None:
+            self._reading.cancel()
+            await self._left.wait()
+
+    def resume(self) -> None:
+        """Read on, through whatever door is set now."""
+        self._open.set()
+
+    def switch(
+        self,
+        recorder: Door,
+        *,
+        sender: trio.MemorySendChannel[tuple[Record, int]] | None,
+        epoch: int,
+    ) -> None:
+        """A new door, while paused (a promotion): the decoder resumes after the door's
+        checkpoint, the counts start over, ``{epoch}`` is ``epoch`` at the next connect."""
+        self.recorder, self.sender = recorder, sender
+        self.placeholders = attrs.evolve(self.placeholders, epoch=epoch)
+        self._count_from(recorder.last(self.spec.id))
+
+    async def replay(self, frames: Iterable[str | bytes]) -> None:
+        """Run ``frames`` (received earlier: a standby's buffer) through the door, in order,
+        as if they arrived now: dedup, gaps, dead letters as for any message. While paused."""
+        pending = enumerate(frames, start=1)
+
+        async def receive() -> str | bytes:
+            for count, frame in pending:
+                if not count % REPLAY_YIELD:
+                    await trio.sleep(0)  # the connections' own tasks and the pipes go on
+                return frame
+            raise _Replayed
+
+        try:
+            await self._loop(receive)
+        except _Replayed:
+            return
 
     async def _write_loop(self, receive: Receive) -> NoReturn:
         """The jsonl door: each record written synchronously (Recorder)."""

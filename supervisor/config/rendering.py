@@ -57,6 +57,8 @@ class _Renderer:
         lines = [header]
         for name in schema.keys:
             value, at = getattr(obj, name), key_path(path, name)
+            if value is None:  # unset, and TOML has no null: e.g. a shard's standbys
+                continue
             text = self.pairs(value, at) if name == "headers" else self.value(value, at)
             lines.append(f"{name} = {text}")
         return [*lines, ""]

@@ -45,6 +45,9 @@ class Fleet:
     # ``overrides`` is merged over them, section by section (a test's or a run's tweak).
     settings: dict[str, dict[str, object]] = attrs.field(factory=dict)
     overrides: dict[str, dict[str, object]] = attrs.field(factory=dict)
+    # The feed is live-only (FeedServer(live=True), start_feed(live=True)): stream URLs then
+    # carry no ``?after={after}``, as a real live-only feed takes no position.
+    live_feed: bool = False
     procs: dict[str, trio.Process] = attrs.field(factory=dict)
     _groups: set[int] = attrs.field(factory=set, init=False)  # every group ever started
     _store: DynamoLeaseStore | None = attrs.field(default=None, init=False)
@@ -73,7 +76,7 @@ class Fleet:
         for shard, streams in self.shards.items():
             lines.append(f'[[shards]]\nid = "{shard}"')
             for stream in streams:
-                url = f"{self.feed_url}/{stream}?after={{after}}"
+                url = f"{self.feed_url}/{stream}" + ("" if self.live_feed else "?after={after}")
                 lines.append(f'[[shards.streams]]\nid = "{stream}"\nurl = "{url}"')
                 lines.append('sequence = "seq"')
         return "\n".join(lines) + "\n"

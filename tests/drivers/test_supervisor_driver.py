@@ -327,10 +327,17 @@ class SlowHeartbeats(MemoryLeaseStore):
 
     delay = 0.5
 
-    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+    async def heartbeat(
+        self,
+        worker_id: str,
+        session: str,
+        state: str,
+        wall_now: float,
+        standbys: tuple[str, ...] | None = None,
+    ) -> int:
         with trio.CancelScope(shield=True):
             await trio.sleep(self.delay)
-            return await super().heartbeat(worker_id, session, state, wall_now)
+            return await super().heartbeat(worker_id, session, state, wall_now, standbys)
 
 
 async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopped(autojump_clock):
