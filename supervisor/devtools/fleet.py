@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -57,26 +58,19 @@ class Fleet:
 
     # --- config and processes -------------------------------------------------------------
 
+    def config(self, worker: str) -> dict[str, Any]:
+        """``worker``'s config as TOML's tables (``render_toml`` writes it)."""
+        return fleet_config(
+            worker,
+            table=self.table,
+            ddb_url=self.ddb_url,
+            feed_url=self.feed_url,
+            shards=self.shards,
+            sections=(self.settings, self.overrides),
+        )
+
     def config_text(self, worker: str) -> str:
-        sections: dict[str, dict[str, object]] = {
-            "worker": {"id": worker},
-            "dynamodb": {"table": self.table, "endpoint_url": self.ddb_url},
-            "sink": {"path": SINK_PATH},
-        }
-        for extra in (self.settings, self.overrides):
-            for section, values in extra.items():
-                sections.setdefault(section, {}).update(values)
-        lines = []
-        for section, values in sections.items():
-            lines.append(f"[{section}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-        for shard, streams in self.shards.items():
-            lines.append(f'[[shards]]\nid = "{shard}"')
-            for stream in streams:
-                url = f"{self.feed_url}/{stream}?after={{after}}"
-                lines.append(f'[[shards.streams]]\nid = "{stream}"\nurl = "{url}"')
-                lines.append('sequence = "seq"')
-        return "\n".join(lines) + "\n"
+        return render_toml(self.config(worker))
 
     def write_config(self, worker: str) -> Path:
         path = self.workdir / f"{worker}.toml"
@@ -182,6 +176,67 @@ class Fleet:
         with trio.fail_after(timeout):
             while self.audit().get(stream, StreamAudit(stream)).max_seq < seq:
                 await trio.sleep(0.05)
+
+
+# --- config files ---------------------------------------------------------------------------
+
+
+def fleet_config(
+    worker: str,
+    *,
+    table: str,
+    ddb_url: str,
+    feed_url: str,
+    shards: Mapping[str, Sequence[str]],
+    sections: Sequence[Mapping[str, Mapping[str, object]]] = (),
+) -> dict[str, Any]:
+    """The config of one supervisor of a fleet: its id, the table, the sink under ``out/``,
+    then each of ``sections`` merged over them (section by section), and every shard with its
+    streams read from ``<feed_url>/<stream>``."""
+    config: dict[str, Any] = {
+        "worker": {"id": worker},
+        "dynamodb": {"table": table, "endpoint_url": ddb_url},
+        "sink": {"path": SINK_PATH},
+    }
+    for extra in sections:
+        for section, values in extra.items():
+            config.setdefault(section, {}).update(values)
+    config["shards"] = [
+        {
+            "id": shard,
+            "streams": [
+                {"id": stream, "url": f"{feed_url}/{stream}?after={{after}}", "sequence": "seq"}
+                for stream in streams
+            ],
+        }
+        for shard, streams in shards.items()
+    ]
+    return config
+
+
+def render_toml(config: Mapping[str, Any]) -> str:
+    """A config file from TOML's tables: sections of scalars, lists and inline tables (JSON's
+    strings, numbers, booleans and arrays are TOML values; a dict becomes ``{ "k" = v }``),
+    then ``shards`` as [[shards]], each with its ``streams`` as [[shards.streams]]."""
+    lines: list[str] = []
+    for section, values in config.items():
+        if section != "shards":
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    for shard in config.get("shards", []):
+        lines.append("[[shards]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in shard.items() if k != "streams"]
+        for stream in shard["streams"]:
+            lines.append("[[shards.streams]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in stream.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, Mapping):
+        pairs = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+        return f"{{ {pairs} }}"
+    return json.dumps(value)
 
 
 def shards_of(snapshot: Snapshot, worker: str) -> list[str]:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start
+from helpers.waiting import wait_until
+from helpers.worker_helpers import make_start, stop_in
 
-from shard_worker.contract.pipe import Hello, Message, Ready, Stop, Stopped, StreamSpec
+from shard_worker.contract.pipe import Hello, Message, Ready, Stopped, StreamSpec
 from supervisor.adapters import zygote_client
 from supervisor.adapters.spawn import ChildHandle, ChildProcess, pump_output
 from supervisor.adapters.zygote_client import ZygoteChild, ZygoteSpawner
@@ -60,16 +61,10 @@ async def receive_until(child: ChildHandle, kind: type[Message]) -> Message:
 
 
 async def stop(child: ChildHandle) -> int:
-    await child.send(Stop(reason="test", deadline=time.monotonic() + 3))
+    await child.send(stop_in(3))
     await receive_until(child, Stopped)
     with trio.fail_after(3):
         return await child.wait()
-
-
-async def wait_for(predicate, timeout: float = 5.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 def refused_url() -> tuple[socket.socket, str]:
@@ -100,7 +95,7 @@ async def test_a_warm_child_speaks_the_protocol_and_its_output_reaches_the_pumps
             assert child.returncode == 0
             await child.aclose()
             await child.aclose()  # idempotent
-            await wait_for(lambda: "stopped (test)" in caplog.text)
+            await wait_until(lambda: "stopped (test)" in caplog.text)
     assert any(r.name == "shardvisor.child" and r.shard == "s1" for r in caplog.records)
 
 
@@ -148,7 +143,7 @@ async def test_zygote_death_degrades_to_fresh_spawns_then_recovers(
         first = spawner.zygote_pid
         assert first is not None
         os.kill(first, signal.SIGKILL)  # our unreaped child: the pid cannot be reused yet
-        await wait_for(lambda: not spawner.available)
+        await wait_until(lambda: not spawner.available)
 
         fresh, _hello = await spawn(spawner, nursery)
         assert isinstance(fresh, ChildProcess)
@@ -160,7 +155,7 @@ async def test_zygote_death_degrades_to_fresh_spawns_then_recovers(
         assert await stop(orphan) in (0, -1)  # -1: its reaper (init) did not tell us
         await orphan.aclose()
 
-        await wait_for(lambda: spawner.available, timeout=8)
+        await wait_until(lambda: spawner.available, timeout=8)
         assert spawner.zygote_pid not in (None, first)
         warm, _hello = await spawn(spawner, nursery)
         assert isinstance(warm, ZygoteChild)
@@ -182,7 +177,7 @@ async def test_a_zygote_that_does_not_answer_is_replaced(
         assert isinstance(child, ChildProcess)
         assert "gave no answer" in caplog.text
         await child.aclose()
-        await wait_for(lambda: spawner.available and spawner.zygote_pid != hung, timeout=8)
+        await wait_until(lambda: spawner.available and spawner.zygote_pid != hung, timeout=8)
         assert not Path(f"/proc/{hung}").exists(), "the hung zygote was killed and reaped"
 
 

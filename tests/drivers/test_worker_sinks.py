@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start, read_records, spawn_worker
-from test_shard_worker import serve_script
+from helpers.feeds import serve_script, start_feed
+from helpers.worker_helpers import make_start, read_records, spawn_worker, stop_in
 
 from shard_worker.adapters.sinks.aws import make_client
 from shard_worker.contract.pipe import (
@@ -23,7 +22,6 @@ from shard_worker.contract.pipe import (
     Heartbeat,
     Ready,
     SinkSpec,
-    Stop,
     Stopped,
     StreamSpec,
 )
@@ -31,22 +29,6 @@ from supervisor.devtools.feed import FeedServer
 from supervisor.devtools.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
-
-
-async def start_feed(nursery: trio.Nursery, rate: float) -> tuple[FeedServer, str]:
-    """A feed on 127.0.0.1 sending ``rate`` messages/s per stream, and its URL template."""
-    server = FeedServer(rate=rate)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    return server, f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
-
-
-@pytest.fixture
-async def feed(nursery: trio.Nursery) -> AsyncIterator[tuple[FeedServer, str]]:
-    yield await start_feed(nursery, 2000.0)
-
-
-def stop_in(seconds: float = 5.0) -> Stop:
-    return Stop(reason="test", deadline=time.monotonic() + seconds)
 
 
 def handled(out: Path, stream: str = "a", epoch: int = 1) -> list[dict[str, Any]]:
@@ -169,9 +151,7 @@ async def test_a_sink_slower_than_the_feed_keeps_memory_flat_and_loses_nothing(
     """The feed sends 5,000 messages/s, the handler takes 500/s: readers stop reading, TCP
     pushes back, the child's RSS stays flat; after stop, everything up to the checkpoint was
     handled, exactly once."""
-    server = FeedServer(rate=5000.0)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    url = f"ws://127.0.0.1:{port}/feed/{{stream}}?after={{after}}"
+    server, url = await start_feed(nursery, 5000.0)
     env = handler_env(tmp_path, SINK_HANDLER_RATE="500")
     sink = handler_sink("slow", batch_max_records=100)
     samples: list[float] = []
@@ -194,7 +174,8 @@ async def test_a_sink_slower_than_the_feed_keeps_memory_flat_and_loses_nothing(
         assert await worker.wait() == 0
     last = stopped.checkpoint["a"]
     assert [r["seq"] for r in handled(tmp_path)] == list(range(1, last + 1))
-    assert server.last_seq("a") > 5 * last, "the feed ran well ahead: backpressure held it back"
+    ahead = server.last_seq("shard-1-a")
+    assert ahead > 5 * last, "the feed ran well ahead: backpressure held it back"
     settled = samples[3:]
     assert max(settled) - min(settled) < 8, f"RSS grew under backpressure: {samples}"
 

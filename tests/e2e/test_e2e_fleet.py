@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, SHARDS, STREAMS, Fleet
+from helpers.fleet import (
+    DURATION,
+    RECONCILE,
+    SHARDS,
+    STREAMS,
+    assert_no_gap_and_no_overlap,
+    cli,
+    status_json,
+)
 
 from supervisor.devtools.fleet import alive, child_pids
 
 pytestmark = pytest.mark.slow
-
-
-async def status_json(fleet: Fleet, worker: str) -> dict:
-    result = await trio.run_process(
-        [sys.executable, "-m", "supervisor", "status", "--json", "-c", f"{worker}.toml"],
-        cwd=fleet.workdir,
-        capture_stdout=True,
-    )
-    return json.loads(result.stdout)
-
-
-def assert_no_gap_and_no_overlap(fleet: Fleet) -> None:
-    audits = fleet.audit()
-    assert sorted(audits) == sorted(STREAMS)
-    for stream, audit in audits.items():
-        assert audit.missing() == [], f"{stream} lost records"
-        assert audit.interleavings() == [], f"{stream}: two epochs wrote at the same time"
 
 
 async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fleet):
@@ -52,7 +41,7 @@ async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fle
         for stream in STREAMS:
             await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
         await fleet.stop_all()
-    assert_no_gap_and_no_overlap(fleet)
+    assert_no_gap_and_no_overlap(fleet, STREAMS)
     epochs = {stream: audit.epochs for stream, audit in fleet.audit().items()}
     assert all(len(e) >= 2 for e in epochs.values()), epochs
 
@@ -91,7 +80,7 @@ async def test_graceful_hand_off_loses_nothing_and_writes_nothing_twice(fleet):
         for stream in STREAMS:
             await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
         await fleet.stop_all()
-    assert_no_gap_and_no_overlap(fleet)
+    assert_no_gap_and_no_overlap(fleet, STREAMS)
     for stream, audit in fleet.audit().items():
         assert audit.rewritten == 0, f"{stream}: a graceful hand-off wrote records twice"
 
@@ -113,7 +102,7 @@ async def test_a_killed_child_is_restarted_and_resumes_without_gap(fleet):
         assert "restarting in" in fleet.log("w1")
         assert set((await fleet.owners()).values()) == {"w1"}
         await fleet.stop_all()
-    assert_no_gap_and_no_overlap(fleet)
+    assert_no_gap_and_no_overlap(fleet, STREAMS)
 
 
 async def test_two_supervisors_started_together_split_the_shards_with_one_writer_each(fleet):
@@ -134,23 +123,12 @@ async def test_two_supervisors_started_together_split_the_shards_with_one_writer
         assert all(s["state"] == "running" for s in status["shards"])
         await trio.sleep(1.0)
         await fleet.stop_all()
-    assert_no_gap_and_no_overlap(fleet)
+    assert_no_gap_and_no_overlap(fleet, STREAMS)
     for stream, audit in fleet.audit().items():
         writers = {}
         for record in audit.records:
             writers.setdefault(record.epoch, set()).add(record.worker)
         assert all(len(w) == 1 for w in writers.values()), f"{stream}: {writers}"
-
-
-async def shardvisor_cli(fleet: Fleet, *args: str) -> int:
-    result = await trio.run_process(
-        [sys.executable, "-m", "supervisor", *args, "-c", "w1.toml"],
-        cwd=fleet.workdir,
-        check=False,
-        capture_stdout=True,
-        capture_stderr=True,
-    )
-    return result.returncode
 
 
 async def test_operator_release_and_drain_hand_off_without_loss_or_duplicates(fleet):
@@ -164,11 +142,11 @@ async def test_operator_release_and_drain_hand_off_without_loss_or_duplicates(fl
             await fleet.wait_written(stream, 1, timeout=10)
         before = await fleet.owners()
         shard = next(s for s, o in before.items() if o == "w1")
-        assert await shardvisor_cli(fleet, "release", shard) == 0
+        assert (await cli(fleet, "release", shard))[0] == 0
         with trio.fail_after(RECONCILE * 2 + 5):  # handed to w2 (w1 keeps its hands off)
             while (await fleet.owners())[shard] != "w2":
                 await trio.sleep(0.05)
-        assert await shardvisor_cli(fleet, "drain", "w2") == 0
+        assert (await cli(fleet, "drain", "w2"))[0] == 0
         with trio.fail_after(RECONCILE * 2 + 5):
             while set((await fleet.owners()).values()) != {"w1"}:
                 await trio.sleep(0.05)
@@ -176,11 +154,11 @@ async def test_operator_release_and_drain_hand_off_without_loss_or_duplicates(fl
         states = {w["id"]: w["state"] for w in status["workers"]}
         assert states == {"w1": "running", "w2": "draining"}
         assert fleet.procs["w2"].returncode is None  # drained, not stopped
-        assert await shardvisor_cli(fleet, "release", "no-such-shard") == 66
-        assert await shardvisor_cli(fleet, "drain", "no-such-worker") == 66
+        assert (await cli(fleet, "release", "no-such-shard"))[0] == 66
+        assert (await cli(fleet, "drain", "no-such-worker"))[0] == 66
         for stream in STREAMS:
             await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
         await fleet.stop_all()
-    assert_no_gap_and_no_overlap(fleet)
+    assert_no_gap_and_no_overlap(fleet, STREAMS)
     for stream, audit in fleet.audit().items():
         assert audit.rewritten == 0, f"{stream}: a graceful hand-off wrote records twice"

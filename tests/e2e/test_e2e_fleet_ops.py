@@ -6,15 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, Fleet
+from helpers.fleet import (
+    DURATION,
+    RECONCILE,
+    assert_no_gap_and_no_overlap,
+    cli,
+    epochs,
+    running_fleet,
+    wait_balanced,
+)
 
-from supervisor.devtools.feed import FeedServer
 from supervisor.devtools.fleet import alive, child_pids
 
 pytestmark = pytest.mark.slow
@@ -25,51 +30,8 @@ STREAMS6 = [stream for streams in SHARDS6.values() for stream in streams]
 
 @pytest.fixture
 async def fleet6(tmp_path, ddb_url, table_name, nursery):
-    feed = FeedServer(rate=100.0, stream_names=STREAMS6)
-    port = await nursery.start(feed.serve, "127.0.0.1", 0)
-    fleet = Fleet(tmp_path, ddb_url, table_name, f"ws://127.0.0.1:{port}/feed", SHARDS6, feed=feed)
-    await fleet.store.ensure_table(True)
-    try:
+    async with running_fleet(nursery, tmp_path, ddb_url, table_name, SHARDS6, rate=100.0) as fleet:
         yield fleet
-    finally:
-        await fleet.stop_all()
-        for worker in fleet.procs:  # shown by pytest only when the test failed
-            print(f"===== {worker}.log =====\n{fleet.log(worker)}")
-
-
-async def cli(fleet: Fleet, *args: str, config: str = "w1.toml") -> tuple[int, str]:
-    result = await trio.run_process(
-        [sys.executable, "-m", "supervisor", *args, "-c", config],
-        cwd=fleet.workdir,
-        check=False,
-        capture_stdout=True,
-        capture_stderr=True,
-    )
-    return result.returncode, (result.stdout + result.stderr).decode()
-
-
-async def wait_balanced(fleet: Fleet, workers: Sequence[str], timeout: float) -> dict[str, str]:
-    """Every configured shard owned by one of ``workers``, loads within one of each other."""
-    with trio.fail_after(timeout):
-        while True:
-            owners = {s: o for s, o in (await fleet.owners()).items() if s in fleet.shards}
-            loads = Counter(owners.values())
-            if set(loads) <= set(workers) and all(owners.values()):
-                counts = [loads[w] for w in workers]
-                if max(counts) - min(counts) <= 1:
-                    return owners
-            await trio.sleep(0.1)
-
-
-async def epochs(fleet: Fleet) -> dict[str, int]:
-    return {s.id: s.epoch for s in (await fleet.snapshot()).shards}
-
-
-def assert_no_gap_and_no_overlap(fleet: Fleet, streams: Sequence[str]) -> None:
-    audits = fleet.audit()
-    for stream in streams:
-        assert audits[stream].missing() == [], f"{stream} lost records"
-        assert audits[stream].interleavings() == [], f"{stream}: two epochs wrote at once"
 
 
 async def test_host_death_join_and_graceful_leave_across_four_supervisors(fleet6):

@@ -4,7 +4,6 @@ a real DynamoDB server."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
@@ -12,7 +11,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, STREAMS
+from helpers.fleet import (
+    DURATION,
+    RECONCILE,
+    STREAMS,
+    assert_no_gap_and_no_overlap,
+    wait_for_log,
+)
 
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
 from supervisor.devtools.fleet import alive, child_pids
@@ -27,13 +32,6 @@ def faulty(fleet, mode: str, **supervisor: object) -> None:
         "worker_command": [sys.executable, FAULTY, mode],
         **supervisor,
     }
-
-
-async def wait_for_log(fleet, worker: str, pattern: str, timeout: float) -> re.Match:
-    with trio.fail_after(timeout):
-        while not (match := re.search(pattern, fleet.log(worker))):
-            await trio.sleep(0.05)
-    return match
 
 
 async def test_a_child_stuck_in_a_busy_loop_is_replaced_within_hang_timeout(fleet):
@@ -138,10 +136,8 @@ async def test_a_frozen_host_never_writes_after_a_peer_took_over(fleet, whole_gr
     for stream in STREAMS:
         await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 50, timeout=10)
     await fleet.stop_all()
-    audits = fleet.audit()
-    for stream, audit in audits.items():
-        assert audit.missing() == [], stream
-        assert audit.interleavings() == [], f"{stream}: an old epoch wrote after a newer one"
+    assert_no_gap_and_no_overlap(fleet, STREAMS)  # no old epoch wrote after a newer one
+    for stream, audit in fleet.audit().items():
         first_epoch = min(audit.epochs)
         late = [r for r in audit.records if r.epoch == first_epoch and r.ts >= continued]
         assert late == [], f"{stream}: the frozen owner wrote after it was continued"
