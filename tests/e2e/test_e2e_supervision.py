@@ -17,6 +17,7 @@ from helpers.fleet import (
     STREAMS,
     assert_no_gap_and_no_overlap,
     wait_for_log,
+    wait_registered,
 )
 
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
@@ -119,9 +120,7 @@ async def test_a_frozen_host_never_writes_after_a_peer_took_over(fleet, whole_gr
     for stream in STREAMS:
         await fleet.wait_written(stream, 1, timeout=10)
     await fleet.start("w2")
-    with trio.fail_after(10):
-        while "w2" not in {w.id for w in (await fleet.snapshot()).workers}:
-            await trio.sleep(0.05)
+    await wait_registered(fleet, "w2", timeout=10)
     pid = fleet.procs["w1"].pid
     freeze = os.killpg if whole_group else os.kill
     freeze(pid, signal.SIGSTOP)

@@ -39,6 +39,12 @@ SETTINGS: dict[str, dict[str, object]] = {
     "log": {"level": "debug"},
     "http": {"listen": "127.0.0.1:0"},  # several supervisors share this host
 }
+# From a host's death to its peers owning its shards. A peer starts a lease's clock when it
+# reads the dead owner's last heartbeat, at its next round: up to a reconcile interval after
+# the heartbeat was written (and the owner may die right after writing it). It judges the
+# owner dead at its first round a lease duration later: up to another reconcile interval.
+# The margin: those rounds' own requests, the takes, and the test's poll of the table.
+FAILOVER = DURATION + 2 * RECONCILE + 1.0
 
 
 @attrs.define
@@ -119,20 +125,33 @@ async def wait_for_log(fleet: Fleet, worker: str, pattern: str, timeout: float) 
     return match
 
 
+def log_events(fleet: Fleet, worker: str) -> list[dict[str, Any]]:
+    """``worker``'s log as events (a supervisor writes one JSON object per line)."""
+    return [json.loads(line) for line in fleet.log(worker).splitlines() if line.startswith("{")]
+
+
 # --- the table ------------------------------------------------------------------------------
 
 
 async def wait_balanced(fleet: Fleet, workers: Sequence[str], timeout: float) -> dict[str, str]:
-    """Every configured shard owned by one of ``workers``, loads within one of each other."""
+    """Every configured shard owned by one of ``workers``, loads within one of each other.
+    (Not before every shard has an item: an empty table is not a balanced fleet.)"""
     with trio.fail_after(timeout):
         while True:
             owners = {s: o for s, o in (await fleet.owners()).items() if s in fleet.shards}
             loads = Counter(owners.values())
-            if set(loads) <= set(workers) and all(owners.values()):
+            if len(owners) == len(fleet.shards) and set(loads) <= set(workers):
                 counts = [loads[w] for w in workers]
                 if max(counts) - min(counts) <= 1:
                     return owners
             await trio.sleep(0.1)
+
+
+async def wait_registered(fleet: Fleet, worker: str, timeout: float) -> None:
+    """Until ``worker`` has its item in the table: it is up and watching its peers."""
+    with trio.fail_after(timeout):
+        while worker not in {w.id for w in (await fleet.snapshot()).workers}:
+            await trio.sleep(0.05)
 
 
 async def epochs(fleet: Fleet) -> dict[str, int]:
