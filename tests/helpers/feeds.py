@@ -31,15 +31,15 @@ async def serve_script(
     """A tiny feed that sends a fixed list of frames per path, then holds the connection."""
 
     async def handler(request: WebSocketRequest) -> None:
-        ws = await request.accept()
         name = request.path.strip("/")
-        subscribed[name] = str(await ws.get_message())
         try:
+            ws = await request.accept()
+            subscribed[name] = str(await ws.get_message())
             for frame in scripts[name]:
                 await ws.send_message(frame)
             await trio.sleep_forever()
         except ConnectionClosed:
-            return  # the worker stopped
+            return  # the worker left: stopped, or reconnecting (even before it subscribed)
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
