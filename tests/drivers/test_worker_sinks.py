@@ -273,11 +273,13 @@ async def test_stdout_sink_writes_only_records_to_stdout(
 # --- Kinesis and SQS through a real child, against moto's server ------------------------------
 
 
-async def run_child_to(url: str, tmp_path: Path, sink: SinkSpec, at_least: int = 200) -> Stopped:
+async def run_child_to(
+    stream: StreamSpec, tmp_path: Path, sink: SinkSpec, at_least: int = 200
+) -> Stopped:
     """Run a child until ``at_least`` records are checkpointed, then stop it; the stop
     deadline leaves it time to deliver what it had queued (up to a channel of 256 records)."""
     async with spawn_worker() as worker:
-        await worker.send(make_start([StreamSpec("a", url, sequence="seq")], tmp_path, sink=sink))
+        await worker.send(make_start([stream], tmp_path, sink=sink))
         await worker.expect(Ready, timeout=10)
         await worker.wait_for(
             Checkpoint, timeout=20, predicate=lambda c: c.checkpoint.get("a", 0) >= at_least
@@ -303,7 +305,7 @@ async def test_kinesis_sink_through_a_child(
         endpoint_url=moto_server.url,
         batch_max_wait=0.1,
     )
-    stopped = await run_child_to(url, tmp_path, sink)
+    stopped = await run_child_to(StreamSpec("a", url, sequence="seq"), tmp_path, sink)
     shard_id = client.list_shards(StreamName=name)["Shards"][0]["ShardId"]
     iterator = client.get_shard_iterator(
         StreamName=name, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
@@ -324,9 +326,15 @@ async def test_kinesis_sink_through_a_child(
 async def test_sqs_fifo_sink_through_a_child(
     nursery: trio.Nursery, tmp_path: Path, moto_server: ServerProcess
 ) -> None:
-    # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the
-    # queue): a feed slower than that keeps the queue the child drains on Stop short.
-    _, url = await start_feed(nursery, 100.0)
+    # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the queue,
+    # and with the load on the machine): a live feed outruns it, and after Stop the child
+    # had up to a channel of records (256) left to deliver within the stop deadline. A feed
+    # of exactly COUNT messages lets the test wait until all of them are delivered (the
+    # checkpoint) and stop the child with nothing left queued.
+    count = 120
+    frames: list[str | bytes] = [json.dumps({"seq": n}) for n in range(1, count + 1)]
+    port = await nursery.start(serve_script, {"a": frames}, {})
+    stream = StreamSpec("a", f"ws://127.0.0.1:{port}/a", sequence="seq", subscribe="go")
     client = make_client("sqs", "us-east-1", moto_server.url)
     queue = client.create_queue(
         QueueName=f"q-{uuid.uuid4().hex[:10]}.fifo", Attributes={"FifoQueue": "true"}
@@ -338,7 +346,7 @@ async def test_sqs_fifo_sink_through_a_child(
         endpoint_url=moto_server.url,
         batch_max_wait=0.05,
     )
-    stopped = await run_child_to(url, tmp_path, sink, at_least=100)
+    stopped = await run_child_to(stream, tmp_path, sink, at_least=count)
     bodies: list[dict[str, Any]] = []
     while True:
         messages = client.receive_message(
