@@ -26,7 +26,6 @@ from benchmarks.fleets import (
     first_record_ts,
     snapshot,
     stop,
-    wait_registered,
     wait_settled,
 )
 from supervisor.config.model import SupervisorConfig
@@ -136,7 +135,7 @@ async def failover_trial(
     snap = await snapshot(fleet)
     state = next((w.state for w in snap.workers if w.id == victim), "")  # "orphaned" after a will
     await fleet.start(victim)  # the same worker id: a restarted host
-    await wait_registered(fleet, victim, timeout=30)
+    await fleet.wait_registered(victim, timeout=30, poll=0.5)
     return {
         "trial": trial,
         "victim": victim,

@@ -12,6 +12,7 @@ The process helpers at the end read ``/proc`` (Linux), as the supervisor itself 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 import attrs
 import trio
 
+from supervisor.adapters.lease_store.base import LeaseStoreError
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.core.items import Snapshot
 from supervisor.devtools.sink_audit import StreamAudit, audit_sink_dir
@@ -172,6 +174,23 @@ class Fleet:
     def audit(self) -> dict[str, StreamAudit]:
         return audit_sink_dir(self.workdir / "out")
 
+    async def wait_registered(self, worker: str, timeout: float, poll: float = 0.1) -> None:
+        """Until ``worker``'s item names its current process and says it is running (it is
+        up and watching its peers); a store too busy to answer is asked again."""
+        pid = self.procs[worker].pid
+        with trio.fail_after(timeout):
+            while True:
+                with contextlib.suppress(LeaseStoreError):
+                    workers = (await self.snapshot()).workers
+                    item = next((w for w in workers if w.id == worker), None)
+                    if item is not None and item.pid == pid and item.state == "running":
+                        return
+                await trio.sleep(poll)
+
+    def log_events(self, worker: str) -> list[dict[str, Any]]:
+        """``worker``'s log as events (``json_log``)."""
+        return json_log(self.workdir / f"{worker}.log")
+
     async def wait_written(self, stream: str, seq: int, timeout: float) -> None:
         with trio.fail_after(timeout):
             while self.audit().get(stream, StreamAudit(stream)).max_seq < seq:
@@ -237,6 +256,21 @@ def _toml_value(value: object) -> str:
         pairs = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
         return f"{{ {pairs} }}"
     return json.dumps(value)
+
+
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """A supervisor's JSON log lines (others skipped), with ``t`` = unix seconds of ``ts``."""
+    found = []
+    with contextlib.suppress(OSError), path.open(errors="replace") as fh:
+        for line in fh:
+            if not line.startswith("{"):
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                stamp = datetime.datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                entry["t"] = stamp.replace(tzinfo=datetime.UTC).timestamp()
+                found.append(entry)
+    return found
 
 
 def shards_of(snapshot: Snapshot, worker: str) -> list[str]:

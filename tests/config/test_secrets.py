@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.fleet import supervisor_toml
+from helpers.fleet import start_supervisor, supervisor_toml
 from helpers.worker_helpers import make_start, read_records, spawn_worker, stop_in
 from trio_websocket import WebSocketRequest, serve_websocket
 
@@ -318,17 +318,9 @@ async def test_a_secret_never_appears_in_any_output(tmp_path, moto_server, table
             log={"level": "debug", "format": "json"},
         )
     )
-    env = {**os.environ, "FEED_TOKEN": secret, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "FEED_TOKEN": secret, "PYTHONPATH": str(REPO)}
     stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=env,
-        )
+    proc = await start_supervisor(config, stdout, stderr, env={"FEED_TOKEN": secret})
     try:
         sink = tmp_path / "out" / "n1" / "n1-a.1.jsonl"
         with trio.fail_after(30):

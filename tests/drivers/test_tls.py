@@ -4,11 +4,8 @@ with a loud warning. A real TLS feed on 127.0.0.1 with a certificate from a test
 from __future__ import annotations
 
 import json
-import os
 import signal
 import ssl
-import subprocess
-import sys
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +15,7 @@ import pytest
 import trio
 import trustme
 from helpers.feeds import start_feed
-from helpers.fleet import supervisor_toml
+from helpers.fleet import start_supervisor, supervisor_toml
 from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker, stop_in
 
 from shard_worker.adapters.tls import client_tls_context
@@ -187,15 +184,7 @@ async def test_a_supervisor_with_verify_false_warns_at_start_and_in_its_child(
         )
     )
     stderr = tmp_path / "stderr.log"
-    with stderr.open("wb") as err:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
-        )
+    proc = await start_supervisor(config, stdout=stderr, stderr=stderr)
     try:
         with trio.fail_after(30):
             while len(read_records(tmp_path / "out" / "t1" / "a.1.jsonl")) < 50:

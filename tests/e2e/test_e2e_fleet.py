@@ -15,8 +15,8 @@ from helpers.fleet import (
     STREAMS,
     assert_no_gap_and_no_overlap,
     cli,
+    start_writing,
     status_json,
-    wait_registered,
 )
 
 from supervisor.devtools.fleet import alive, child_pids
@@ -26,12 +26,9 @@ pytestmark = pytest.mark.slow
 
 async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fleet):
     with trio.fail_after(40):
-        await fleet.start("w1")
-        await fleet.wait_until_owned(by=["w1"], timeout=10)
+        await start_writing(fleet, "w1")  # every child of w1 is writing before it dies
         await fleet.start("w2")
-        await wait_registered(fleet, "w2", timeout=10)  # the peer is up before w1 dies
-        for stream in STREAMS:  # every child of w1 is writing before it dies
-            await fleet.wait_written(stream, 1, timeout=10)
+        await fleet.wait_registered("w2", timeout=10)  # the peer is up before w1 dies
         supervisor_pid = fleet.procs["w1"].pid
         kids = child_pids(supervisor_pid)
         assert kids, "w1 runs one child per shard"
@@ -41,7 +38,9 @@ async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fle
         await fleet.wait_until_owned(by=["w2"], timeout=FAILOVER + 5)
         took = trio.current_time() - killed
         assert took <= FAILOVER, f"failover took {took:.2f}s"
-        await trio.sleep(1.2)
+        with trio.move_on_after(1.2):  # orphans exit within a second (their last will)
+            while [pid for pid in kids if alive(pid)]:
+                await trio.sleep(0.05)
         assert not [pid for pid in kids if alive(pid)], "children outlived their supervisor"
         for stream in STREAMS:
             await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
@@ -53,10 +52,7 @@ async def test_sigkill_of_a_supervisor_moves_all_its_shards_within_the_bound(fle
 
 async def test_sigterm_releases_every_lease_and_exits_zero(fleet):
     with trio.fail_after(40):
-        await fleet.start("w1")
-        await fleet.wait_until_owned(by=["w1"], timeout=10)
-        for stream in STREAMS:
-            await fleet.wait_written(stream, 1, timeout=10)
+        await start_writing(fleet, "w1")
         started = trio.current_time()
         fleet.kill("w1", signal.SIGTERM)
         code = await fleet.procs["w1"].wait()
@@ -92,16 +88,15 @@ async def test_graceful_hand_off_loses_nothing_and_writes_nothing_twice(fleet):
 
 async def test_a_killed_child_is_restarted_and_resumes_without_gap(fleet):
     with trio.fail_after(30):
-        await fleet.start("w1")
-        await fleet.wait_until_owned(by=["w1"], timeout=10)
-        for stream in STREAMS:
-            await fleet.wait_written(stream, 1, timeout=10)
+        await start_writing(fleet, "w1")
         victims = child_pids(fleet.procs["w1"].pid)
         os.kill(victims[0], signal.SIGKILL)
         with trio.fail_after(5):
             while len([p for p in child_pids(fleet.procs["w1"].pid) if p not in victims]) < 1:
                 await trio.sleep(0.05)
-        await trio.sleep(1.0)
+        restarted = {stream: fleet.feed.last_seq(stream) for stream in STREAMS}
+        for stream in STREAMS:  # every stream written past the restart: the new child resumed
+            await fleet.wait_written(stream, restarted[stream] + 1, timeout=5)
         for stream in STREAMS:
             await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
         assert "restarting in" in fleet.log("w1")
@@ -126,7 +121,9 @@ async def test_two_supervisors_started_together_split_the_shards_with_one_writer
         assert {s["id"] for s in status["shards"]} == set(SHARDS)
         assert all(s["owner"] in ("w1", "w2") and s["epoch"] >= 1 for s in status["shards"])
         assert all(s["state"] == "running" for s in status["shards"])
-        await trio.sleep(1.0)
+        balanced = {stream: fleet.feed.last_seq(stream) for stream in STREAMS}
+        for stream in STREAMS:  # each owner writes on while the two run side by side
+            await fleet.wait_written(stream, balanced[stream] + 1, timeout=5)
         await fleet.stop_all()
     assert_no_gap_and_no_overlap(fleet, STREAMS)
     for stream, audit in fleet.audit().items():

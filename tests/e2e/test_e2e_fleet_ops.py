@@ -17,10 +17,9 @@ from helpers.fleet import (
     assert_no_gap_and_no_overlap,
     cli,
     epochs,
-    log_events,
     running_fleet,
+    start_writing,
     wait_balanced,
-    wait_registered,
 )
 
 from supervisor.devtools.fleet import alive, child_pids
@@ -40,11 +39,7 @@ async def fleet6(tmp_path, ddb_url, table_name, nursery):
 async def test_host_death_join_and_graceful_leave_across_four_supervisors(fleet6):
     fleet = fleet6
     with trio.fail_after(90):
-        for worker in ("w1", "w2", "w3"):
-            await fleet.start(worker)
-        await wait_balanced(fleet, ["w1", "w2", "w3"], timeout=25)
-        for stream in STREAMS6:
-            await fleet.wait_written(stream, 1, timeout=10)
+        await start_writing(fleet, "w1", "w2", "w3")
 
         # A host dies: supervisor and children at once (no last will can run).
         killed = trio.current_time()
@@ -88,9 +83,7 @@ async def test_host_death_join_and_graceful_leave_across_four_supervisors(fleet6
 async def test_live_registry_reload_and_drain(fleet6):
     fleet = fleet6
     with trio.fail_after(90):
-        for worker in ("w1", "w2", "w3"):
-            await fleet.start(worker)
-        await wait_balanced(fleet, ["w1", "w2", "w3"], timeout=25)
+        await start_writing(fleet, "w1", "w2", "w3")
 
         # `shards add` while running: owned within a reconcile interval (plus start-up).
         url = f"{fleet.feed_url}/n1-a?after={{after}}"
@@ -175,12 +168,9 @@ async def test_children_of_a_killed_supervisor_release_their_shards_at_once(flee
     # interval before the kill, and w2 counts the lease from when it saw that heartbeat.
     by_expiry = lease - heartbeat
     with trio.fail_after(60):
-        await fleet.start("w1")
-        await fleet.wait_until_owned(by=["w1"], timeout=10)
+        await start_writing(fleet, "w1")
         await fleet.start("w2")
-        await wait_registered(fleet, "w2", timeout=10)  # the peer is up before w1 dies
-        for stream in STREAMS6:
-            await fleet.wait_written(stream, 1, timeout=10)
+        await fleet.wait_registered("w2", timeout=10)  # the peer is up before w1 dies
         owners = await fleet.owners()
         kids = child_pids(fleet.procs["w1"].pid)
         killed = trio.current_time()
@@ -205,7 +195,7 @@ async def test_children_of_a_killed_supervisor_release_their_shards_at_once(flee
         await fleet.stop_all()
     assert took < by_expiry, f"took {took:.2f}s: the lease ({lease:g} s) expired instead"
     # Released by the will (vacant when w2 took them), not taken from an expired w1.
-    takes = {e["shard"]: e["event"] for e in log_events(fleet, "w2") if "took shard" in e["event"]}
+    takes = {e["shard"]: e["event"] for e in fleet.log_events("w2") if "took shard" in e["event"]}
     assert all(takes[s].startswith("took shard from nobody") for s in moved), takes
     assert_no_gap_and_no_overlap(fleet, STREAMS6)
     audits = fleet.audit()

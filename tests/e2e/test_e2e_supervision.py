@@ -16,8 +16,8 @@ from helpers.fleet import (
     RECONCILE,
     STREAMS,
     assert_no_gap_and_no_overlap,
+    start_writing,
     wait_for_log,
-    wait_registered,
 )
 
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
@@ -95,9 +95,7 @@ async def test_sigkill_of_the_supervisor_its_children_release_their_shards_and_e
     """Orphaned children stop writing, release their own shard (the last will, which imports
     boto3 and makes two requests) and exit: bounded by the will's own deadline."""
     fleet.overrides["supervisor"] = {"spawn": spawn}
-    await fleet.start("w1")
-    for stream in STREAMS:
-        await fleet.wait_written(stream, 1, timeout=10)
+    await start_writing(fleet, "w1")
     children = child_pids(fleet.procs["w1"].pid)
     assert len(children) == len(fleet.shards)
     fleet.kill("w1")
@@ -115,12 +113,9 @@ async def test_a_frozen_host_never_writes_after_a_peer_took_over(fleet, whole_gr
     """SIGSTOP for 2 x lease.duration: the peer takes every shard; the frozen host's children
     stop at their fence (or, if frozen too, find it passed when continued); after SIGCONT the
     old supervisor drops what it lost. The sink must show no old epoch after a newer one."""
-    await fleet.start("w1")
-    await fleet.wait_until_owned(by=["w1"], timeout=10)
-    for stream in STREAMS:
-        await fleet.wait_written(stream, 1, timeout=10)
+    await start_writing(fleet, "w1")
     await fleet.start("w2")
-    await wait_registered(fleet, "w2", timeout=10)
+    await fleet.wait_registered("w2", timeout=10)
     pid = fleet.procs["w1"].pid
     freeze = os.killpg if whole_group else os.kill
     freeze(pid, signal.SIGSTOP)

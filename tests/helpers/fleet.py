@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,27 @@ def supervisor_toml(
     return fleet.render_toml(config)
 
 
+async def start_supervisor(
+    config: Path, stdout: Path, stderr: Path, env: Mapping[str, str] | None = None
+) -> trio.Process:
+    """``python -m supervisor run -c CONFIG`` outside a Fleet, in the config's directory (this
+    checkout first on its PYTHONPATH), its output appended to ``stdout`` and ``stderr`` (which
+    may be one file); ``env`` is added to ours."""
+    repo = Path(__file__).resolve().parents[2]
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(repo), **(env or {})}
+    with ExitStack() as files:
+        out = files.enter_context(stdout.open("ab"))
+        err = out if stderr == stdout else files.enter_context(stderr.open("ab"))
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
+            cwd=config.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=environ,
+        )
+
+
 # --- the command line and the logs ----------------------------------------------------------
 
 
@@ -125,11 +148,6 @@ async def wait_for_log(fleet: Fleet, worker: str, pattern: str, timeout: float) 
     return match
 
 
-def log_events(fleet: Fleet, worker: str) -> list[dict[str, Any]]:
-    """``worker``'s log as events (a supervisor writes one JSON object per line)."""
-    return [json.loads(line) for line in fleet.log(worker).splitlines() if line.startswith("{")]
-
-
 # --- the table ------------------------------------------------------------------------------
 
 
@@ -147,11 +165,15 @@ async def wait_balanced(fleet: Fleet, workers: Sequence[str], timeout: float) ->
             await trio.sleep(0.1)
 
 
-async def wait_registered(fleet: Fleet, worker: str, timeout: float) -> None:
-    """Until ``worker`` has its item in the table: it is up and watching its peers."""
-    with trio.fail_after(timeout):
-        while worker not in {w.id for w in (await fleet.snapshot()).workers}:
-            await trio.sleep(0.05)
+async def start_writing(fleet: Fleet, *workers: str) -> None:
+    """Start ``workers``; return once the shards are spread over them (``wait_balanced``) and
+    every stream has records in the sink."""
+    for worker in workers:
+        await fleet.start(worker)
+    await wait_balanced(fleet, workers, timeout=25)
+    for streams in fleet.shards.values():
+        for stream in streams:
+            await fleet.wait_written(stream, 1, timeout=10)
 
 
 async def epochs(fleet: Fleet) -> dict[str, int]:
