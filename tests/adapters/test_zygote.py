@@ -105,9 +105,10 @@ async def test_sigkill_of_a_warm_child_is_seen_at_once() -> None:
         child, _hello = await spawn(spawner, nursery)
         killed = time.monotonic()
         child.signal(signal.SIGKILL)
-        with trio.fail_after(1):
+        with trio.fail_after(zygote_client.EXIT_NOTICE_TIMEOUT + 5):
             assert await child.wait() == -9
-        assert time.monotonic() - killed < 0.5
+        # By events (the pidfd, then the zygote's notice), not by the notice's timeout.
+        assert time.monotonic() - killed < zygote_client.EXIT_NOTICE_TIMEOUT
         assert child.returncode == -9
         child.signal(signal.SIGTERM)  # after death: a no-op, never another process
         await child.aclose()
@@ -188,7 +189,7 @@ async def test_cancelling_run_stops_and_reaps_the_zygote(caplog: pytest.LogCaptu
         pid = spawner.zygote_pid
         assert pid is not None and Path(f"/proc/{pid}").exists()
         cancelled = time.monotonic()
-    assert time.monotonic() - cancelled < 1.0
+    assert time.monotonic() - cancelled < zygote_client.STOP_TIMEOUT  # gone at EOF, not killed
     assert not Path(f"/proc/{pid}").exists(), "the zygote is gone and reaped (no zombie)"
     reaped = [r for r in caplog.records if r.getMessage() == "zygote reaped"]
     assert [(r.pid, r.code) for r in reaped] == [(pid, 0)]  # exited at EOF, not killed

@@ -170,12 +170,13 @@ async def test_fence_messages_move_the_deadline(
 ) -> None:
     _, url = feed
     async with spawn_worker() as worker:
-        # 1 s: even a loaded machine gets the Fence to the child before the first deadline.
+        # The Fence right behind the Start (the pipe keeps the order): the child applies it as
+        # soon as it is ready, well before the first deadline, even on a loaded machine.
         start = make_start([spec(url)], tmp_path, fence_in=1.0)
         first_deadline_wall = time.time() + (start.fence_deadline - time.monotonic())
         await worker.send(start)
-        await worker.expect(Ready)
         await worker.send(Fence(deadline=time.monotonic() + 30))
+        await worker.expect(Ready)
         await trio.sleep(1.6)  # well past the first deadline
         await worker.send(stop_in())
         stopped = await worker.wait_for(Stopped)  # (and no Error on the way)
