@@ -15,6 +15,7 @@ from helpers.fleet import (
     FAILOVER,
     RECONCILE,
     assert_no_gap_and_no_overlap,
+    catch_up,
     cli,
     epochs,
     running_fleet,
@@ -67,8 +68,7 @@ async def test_host_death_join_and_graceful_leave_across_four_supervisors(fleet6
         fleet.kill("w2", signal.SIGTERM)
         assert await fleet.procs["w2"].wait() == 0
         await fleet.wait_until_owned(by=["w3", "w4"], timeout=RECONCILE + 3)
-        for stream in STREAMS6:
-            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await catch_up(fleet)
         await fleet.stop_all()
     assert_no_gap_and_no_overlap(fleet, STREAMS6)
     audits = fleet.audit()
@@ -151,8 +151,7 @@ async def test_live_registry_reload_and_drain(fleet6):
         code, out = await cli(fleet, "status", "--json")
         states = {w["id"]: w["state"] for w in json.loads(out)["workers"]}
         assert states == {"w1": "running", "w2": "running", "w3": "draining"}
-        for stream in STREAMS6:
-            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await catch_up(fleet)
         await fleet.stop_all()
     assert owned_after <= RECONCILE * 2 + 2
     assert_no_gap_and_no_overlap(fleet, [*STREAMS6, "n1-a"])
@@ -190,8 +189,7 @@ async def test_children_of_a_killed_supervisor_release_their_shards_at_once(flee
                 await trio.sleep(0.05)
         worker = next(w for w in (await fleet.snapshot()).workers if w.id == "w1")
         assert worker.state == "orphaned"
-        for stream in STREAMS6:
-            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=5)
+        await catch_up(fleet)
         await fleet.stop_all()
     assert took < by_expiry, f"took {took:.2f}s: the lease ({lease:g} s) expired instead"
     # Released by the will (vacant when w2 took them), not taken from an expired w1.

@@ -176,6 +176,13 @@ async def start_writing(fleet: Fleet, *workers: str) -> None:
             await fleet.wait_written(stream, 1, timeout=10)
 
 
+async def catch_up(fleet: Fleet, behind: int = 20, timeout: float = 5.0) -> None:
+    """Until every stream of the fleet is written to within ``behind`` records of the feed."""
+    for streams in fleet.shards.values():
+        for stream in streams:
+            await fleet.wait_written(stream, fleet.feed.last_seq(stream) - behind, timeout)
+
+
 async def epochs(fleet: Fleet) -> dict[str, int]:
     return {s.id: s.epoch for s in (await fleet.snapshot()).shards}
 
@@ -183,11 +190,15 @@ async def epochs(fleet: Fleet) -> dict[str, int]:
 # --- the sink files -------------------------------------------------------------------------
 
 
-def assert_no_gap_and_no_overlap(fleet: Fleet, streams: Sequence[str]) -> None:
+def assert_no_gap_and_no_overlap(
+    fleet: Fleet, streams: Sequence[str], *, graceful: bool = False
+) -> None:
     """The sink files hold exactly ``streams``, each without a gap and never written by two
-    epochs at once."""
+    epochs at once; with ``graceful`` (every hand-off was one), no record written twice."""
     audits = fleet.audit()
     assert sorted(audits) == sorted(streams)
     for stream in streams:
         assert audits[stream].missing() == [], f"{stream} lost records"
         assert audits[stream].interleavings() == [], f"{stream}: two epochs wrote at once"
+        if graceful:
+            assert audits[stream].rewritten == 0, f"{stream}: a graceful hand-off wrote twice"
