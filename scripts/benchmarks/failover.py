@@ -24,6 +24,7 @@ from benchmarks.fleets import (
     bench_fleet,
     feed_for,
     first_record_ts,
+    fleet_totals,
     snapshot,
     stop,
     wait_settled,
@@ -74,13 +75,9 @@ async def failover_fleet(mode: str, setting: str, trials: int, server: str) -> d
         "duration": duration,
         "heartbeat": heartbeat,
         "reconcile": reconcile,
-        "workers": len(WORKERS),
-        "shards": SHARDS,
-        "feed_rate": RATE,
+        **fleet_totals(len(WORKERS), SHARDS, RATE, audits),
         "samples": samples,
         "exit_codes": codes,
-        "missing_records": sum(a.gaps for a in audits.values()),
-        "rewritten_records": sum(a.rewritten for a in audits.values()),
     }
 
 

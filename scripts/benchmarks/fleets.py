@@ -26,6 +26,7 @@ from supervisor.config.model import LeaseConfig
 from supervisor.core.items import Snapshot
 from supervisor.devtools.fleet import Fleet, child_pids
 from supervisor.devtools.servers import ServerProcess, start_dynamodb, start_feed
+from supervisor.devtools.sink_audit import StreamAudit
 
 DEFAULT_LEASE = LeaseConfig()
 LEASES = {  # name -> (duration, heartbeat, reconcile); "10s" is the default
@@ -110,6 +111,20 @@ async def snapshot(fleet: Fleet, attempts: int = 5) -> Snapshot:
                 raise
             await trio.sleep(0.2)
     raise AssertionError("unreachable")
+
+
+def fleet_totals(
+    workers: int, shards: int, rate: float, audits: Mapping[str, StreamAudit]
+) -> dict[str, Any]:
+    """What every fleet benchmark reports besides its own samples: the fleet's size and feed
+    rate, and from the sink audit the records missing and the records written twice."""
+    return {
+        "workers": workers,
+        "shards": shards,
+        "feed_rate": rate,
+        "missing_records": sum(a.gaps for a in audits.values()),
+        "rewritten_records": sum(a.rewritten for a in audits.values()),
+    }
 
 
 # --- sink files ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from benchmarks.fleets import (
     DEFAULT_LEASE,
     bench_fleet,
     feed_for,
+    fleet_totals,
     logged_at,
     snapshot,
     stop,
@@ -119,13 +120,9 @@ def analyse(
                 moved = (by_epoch[old], by_epoch[new])
                 transitions.append(_transition(shard, stream, old, new, moved, logs, term_at))
     return {
-        "workers": len(WORKERS),
-        "shards": SHARDS,
-        "feed_rate": RATE,
+        **fleet_totals(len(WORKERS), SHARDS, RATE, audits),
         "events": events,
         "transitions": transitions,
-        "missing_records": sum(a.gaps for a in audits.values()),
-        "rewritten_records": sum(a.rewritten for a in audits.values()),
         "exit_codes": codes,
     }
 
