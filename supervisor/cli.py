@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import trio
 
@@ -87,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     feed.add_argument("--port", type=int, default=9000)
     feed.add_argument("--streams", type=int, default=4, help="streams named s1..sN")
     feed.add_argument("--rate", type=float, default=100.0, help="messages/s per stream")
+    feed.add_argument(
+        "--live",
+        action="store_true",
+        help="live-only: a client gets only what is generated after it connected (no replay)",
+    )
 
     demo = sub.add_parser("demo", help="3 supervisors, 6 shards, a kill and a drain, locally")
     demo.add_argument("--workdir", default="", help="keep the demo's files here")
@@ -298,7 +304,7 @@ def _cmd_feed(args: argparse.Namespace) -> int:
     from supervisor.devtools.feed import run_feed
 
     try:
-        trio.run(run_feed, args.host, args.port, args.streams, args.rate)
+        trio.run(partial(run_feed, args.host, args.port, args.streams, args.rate, live=args.live))
     except KeyboardInterrupt:
         return exit_codes.OK
     return exit_codes.OK

@@ -100,6 +100,7 @@ class _Connection:
         self._stream = stream
         self._protocol = protocol
         self._receive_bytes = settings.receive_buffer_size
+        self._send_timeout = settings.disconnect_timeout
         self._split = _Splitter(protocol, settings.max_message_size, settings.receive_buffer_size)
         self._ready: list[str | bytes] = []
         self.last_frame_at = trio.current_time()
@@ -206,15 +207,24 @@ class _Connection:
         return data if type(data) is bytes else bytes(data)  # (a TLS stream's is a bytearray)
 
     async def _flush(self) -> None:
-        """Send what the protocol has to send (two tasks may: the reader and the keepalive)."""
+        """Send what the protocol has to send (two tasks may: the reader and the keepalive).
+        Shielded, with a deadline of its own: a send cut by a cancellation (a reader paused
+        for a standby's promotion, a stop) would leave part of a frame on the wire and the
+        rest lost, so ``receive_batch`` stays cancel-safe; a peer that takes nothing for
+        ``disconnect_timeout`` is gone."""
         writes = [data for data in self._protocol.data_to_send() if data is not SEND_EOF]
         if not writes:
             return  # (SEND_EOF: the socket is closed on the way out of ``connect``)
-        async with self._sending:
-            try:
-                await self._stream.send_all(b"".join(writes))
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise Closed(None) from exc
+        with trio.CancelScope(shield=True) as sending:
+            sending.deadline = trio.current_time() + self._send_timeout
+            async with self._sending:
+                try:
+                    await self._stream.send_all(b"".join(writes))
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise Closed(None) from exc
+        if sending.cancelled_caught:
+            self.abandoned = True  # (a frame may be half sent: no close handshake after it)
+            raise Closed(None)
 
 
 class _Splitter:

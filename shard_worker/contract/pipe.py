@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import attrs
 
@@ -155,6 +155,23 @@ class LastWill:
     session: str = ""
 
 
+ACTIVE = "active"  # Start.mode: an owner child (connected, writing, checkpointing)
+STANDBY = "standby"  # Start.mode: connected, buffering the recent feed, writing nothing
+MODES = (ACTIVE, STANDBY)
+
+
+@attrs.frozen
+class StandbySettings:
+    """How much of the recent feed a standby child keeps (added in v1 for warm standbys and
+    make-before-break hand-offs; docs/pipe-protocol.md)."""
+
+    buffer: float = 30.0  # seconds: records received longer ago than this are dropped
+    # The buffer's memory, all streams (each record: its message's length + ~173 bytes of
+    # Python objects); past it the oldest records go.
+    max_bytes: int = 64 * 1024 * 1024
+    quiet: float = 1.0  # seconds a connected stream may stay silent before it counts as ready
+
+
 # --- Parent -> child ---------------------------------------------------------------------------
 
 
@@ -171,6 +188,10 @@ class Start:
     fence_deadline: float  # time.monotonic() of this host; no sink write at or after it
     version: int = PROTOCOL_VERSION
     last_will: LastWill | None = None  # optional (added in v1): absent = exit without release
+    # Optional (added in v1; absent = an owner child, as before). A standby renders {epoch}
+    # with ``epoch`` (the one it expects to take) and {after} with ``checkpoint``.
+    mode: str = attrs.field(default=ACTIVE, validator=attrs.validators.in_(MODES))
+    standby: StandbySettings = attrs.field(factory=StandbySettings)
 
 
 @attrs.frozen
@@ -188,6 +209,22 @@ class Stop:
     type: ClassVar[str] = "stop"
     reason: str
     deadline: float  # time.monotonic() by which the child must have exited
+    # Optional (added in v1; absent = {}): an owner child reads on until it has written at
+    # least min_cut[s] on every stream s (or until the deadline minus its margins): the cut
+    # of a make-before-break hand-off (a standby holds everything after it).
+    min_cut: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Promote:
+    """To a standby child only: become the owner child at ``epoch``. The sink is opened for
+    that epoch, every buffered record after ``checkpoint`` is written in order, then ``ready``
+    and everything an owner child does. No reconnect."""
+
+    type: ClassVar[str] = "promote"
+    epoch: int
+    checkpoint: dict[str, int]
+    fence_deadline: float  # time.monotonic() of this host; no sink write at or after it
 
 
 # --- Child -> parent ---------------------------------------------------------------------------
@@ -223,6 +260,31 @@ class Checkpoint:
 
 
 @attrs.frozen
+class StandbyReady:
+    """Sent once by a standby child: every stream is connected and, per sequenced stream, it
+    holds a message (``first_seq[s]``: the oldest it holds) or the stream was quiet for
+    ``standby.quiet`` seconds (then absent: it puts no constraint on the cut). The records from
+    ``first_seq[s]`` on are kept for ``standby.buffer`` seconds (unless ``max_bytes`` forces
+    them out: counted in ``dropped``)."""
+
+    type: ClassVar[str] = "standby_ready"
+    first_seq: dict[str, int]
+
+
+@attrs.frozen
+class StandbyStats:
+    """A standby child's buffer, in its heartbeats."""
+
+    buffered: int = 0  # records held, all streams
+    bytes: int = 0  # their memory (as counted against max_bytes)
+    dropped: int = 0  # records dropped from a full buffer (max_bytes) since start
+    first_seq: dict[str, int] = attrs.field(factory=dict)  # oldest seq held per stream
+    connected: tuple[str, ...] = attrs.field(default=(), converter=_strings)  # streams now
+    received: int = 0  # messages from the feeds since start, all streams
+    malformed: int = 0  # messages that cannot be records (dead-lettered only if promoted)
+
+
+@attrs.frozen
 class Heartbeat:
     """Sent every ``heartbeat_interval`` by a task of the child's event loop: if the loop is
     blocked (CPU-bound code, a deadlock) heartbeats stop and the supervisor kills the child."""
@@ -243,6 +305,9 @@ class Heartbeat:
     # Streams silent for longer than their timeout now (optional, added in v1; absent = none):
     # ``status`` shows them stale until they flow again.
     stale: list[str] = attrs.field(factory=list)
+    # Only from a standby child (added in v1; absent = None: an owner child). A standby writes
+    # nothing: its written, last_seq, counts and streams are 0 and empty.
+    standby: StandbyStats | None = None
 
 
 @attrs.frozen
@@ -262,15 +327,36 @@ class Error:
     fatal: bool = False
 
 
-Message = Start | Fence | Stop | Hello | Ready | Checkpoint | Heartbeat | Stopped | Error
-_TYPES: dict[str, type] = {
-    cls.type: cls
-    for cls in (Start, Fence, Stop, Hello, Ready, Checkpoint, Heartbeat, Stopped, Error)
+Message = (
+    Start
+    | Fence
+    | Stop
+    | Promote
+    | Hello
+    | Ready
+    | StandbyReady
+    | Checkpoint
+    | Heartbeat
+    | Stopped
+    | Error
+)
+_TYPES: dict[str, type] = {cls.type: cls for cls in get_args(Message)}
+
+
+# Fields added for standbys (issue 14) and a heartbeat's stale streams (issue 15), left out of a
+# line while they hold their default: what an older peer can read, and fewer bytes per beat.
+_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
+    "start": {"mode": ACTIVE, "standby": StandbySettings()},
+    "stop": {"min_cut": {}},
+    "heartbeat": {"standby": None, "stale": []},
 }
 
 
 def _to_jsonable(msg: Message) -> dict[str, Any]:
     body = attrs.asdict(msg, recurse=True)  # tuples stay tuples; json writes them as lists
+    for name, default in _OMITTED_AT_DEFAULT.get(msg.type, {}).items():
+        if getattr(msg, name) == default:
+            del body[name]
     return {"type": msg.type, **body}
 
 
@@ -289,9 +375,24 @@ def _from_jsonable(obj: Any) -> Message:
             fields["checkpoint"] = {str(k): int(v) for k, v in fields["checkpoint"].items()}
             if fields.get("last_will") is not None:
                 fields["last_will"] = LastWill(**fields["last_will"])
+            if "standby" in fields:
+                fields["standby"] = StandbySettings(**fields["standby"])
+        elif cls is Heartbeat and fields.get("standby") is not None:
+            fields["standby"] = StandbyStats(**fields["standby"])
+        elif cls is Promote:
+            fields["checkpoint"] = _seqs(fields["checkpoint"])
+        elif cls is Stop and "min_cut" in fields:
+            fields["min_cut"] = _seqs(fields["min_cut"])
+        elif cls is StandbyReady:
+            fields["first_seq"] = _seqs(fields["first_seq"])
         return cls(**fields)
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"bad {obj['type']!r} message: {exc}") from exc
+
+
+def _seqs(value: Mapping[str, Any]) -> dict[str, int]:
+    """A {stream: seq} map of a message, its numbers checked."""
+    return {str(k): int(v) for k, v in value.items()}
 
 
 def encode(msg: Message) -> bytes:

@@ -31,23 +31,37 @@ OWNER, EPOCH, CHECKPOINT, OWNER_SINCE = "owner", "epoch", "checkpoint", "owner_s
 SUCCESSOR, RELEASE_REQUESTED = "successor", "release_requested"
 SPEC, REGISTERED_AT, RETIRED_AT = "spec", "registered_at", "retired_at"
 STALE = "stale"  # string set: the owner's streams silent past their timeout (absent: none)
+# A make-before-break hand-off in progress (docs/lease-protocol.md): its stage, the
+# successor's first buffered sequence per stream, and when the owner asked (for humans).
+HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT = "handoff_stage", "handoff_first", "handoff_at"
 # Worker items.
 SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT = "session", "counter", "heartbeat_at", "started_at"
 HOST, PID, MAX_SHARDS = "host", "pid", "max_shards"
 DRAIN_REQUESTED, MAILBOX, ORPHANED_AT = "drain_requested", "mailbox", "orphaned_at"
+# The shards whose standby child is ready here, what this version can do, its standby cap.
+STANDBYS, FEATURES, MAX_STANDBYS = "standbys", "features", "max_standbys"
 
 SHARD_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, OWNER, EPOCH, CHECKPOINT, OWNER_SINCE, SUCCESSOR}
     | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT, STALE}
+    | {HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT}
 )
 WORKER_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT, HOST, PID}
     | {MAX_SHARDS, DRAIN_REQUESTED, MAILBOX, ORPHANED_AT}
+    | {STANDBYS, FEATURES, MAX_STANDBYS}
 )
 ATTRIBUTES = SHARD_ATTRIBUTES | WORKER_ATTRIBUTES
 
-# `roster` puts an item in the sparse index of that name: every worker, and unowned shards.
-ROSTER_WORKER, ROSTER_VACANT = "worker", "vacant"
+# `roster` puts an item in the sparse index of that name: every worker, unowned shards, and
+# owned shards whose owner asked a named successor for a make-before-break hand-off.
+ROSTER_WORKER, ROSTER_VACANT, ROSTER_HANDOFF = "worker", "vacant", "handoff"
+# `handoff_stage`: the owner asked (requested), the successor's standby is connected (ready).
+HANDOFF_REQUESTED, HANDOFF_READY = "requested", "ready"
+# `features`: this version answers make-before-break requests and runs standby children.
+FEATURE_MBB = "mbb"
+# What every write that ends an owner's tenure also clears (release, take).
+HANDOFF_ATTRIBUTES = (HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT)
 
 # The states the contract's writes set or test.
 RELEASED, LAST_WILL = "released", "last-will"  # a shard released by its owner / by its child
@@ -147,8 +161,8 @@ def release_shard(
 ) -> UpdateItem:
     """Give the shard up with its final checkpoint, fenced on owner and epoch. The epoch stays
     (the next take bumps it, so it is never reused); ``roster`` puts the shard back among the
-    vacant ones; a named ``successor`` takes it first. ``state``: released, quarantined, or
-    last-will (released by the child of a dead supervisor)."""
+    vacant ones; a named ``successor`` takes it first; a hand-off's stage goes. ``state``:
+    released, quarantined, or last-will (released by the child of a dead supervisor)."""
     values = {
         ":vacant": string(ROSTER_VACANT),
         ":cp": checkpoint_value(checkpoint),
@@ -162,6 +176,7 @@ def release_shard(
         + (", #successor = :successor" if successor else "")
         + " REMOVE #owner, #release_requested"
         + ("" if successor else ", #successor")
+        + "".join(f", #{name}" for name in HANDOFF_ATTRIBUTES)
     )
     return UpdateItem(shard_key(shard_id), update, OWNED_AT_EPOCH, values)
 

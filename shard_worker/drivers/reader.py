@@ -18,6 +18,12 @@ its timeout is stale.
 
 A message that cannot be a record (malformed, or over ``max_message_size``) goes to the
 dead-letter sink with its reason, and is counted; the log says so once per burst.
+
+The door can change under an open connection (a standby's promotion: from its buffer to the
+sink): ``pause()`` cancels the read loop, which only lands at the receive point (a cancelled
+``receive_batch()`` loses no message: the transport keeps it for the next one), ``switch()``
+sets the new door, ``replay()`` runs frames received earlier through it, ``resume()`` reads on.
+The keepalive goes on meanwhile: a connection is watched whatever its door.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -50,29 +56,43 @@ from shard_worker.contract.pipe import (
 )
 from shard_worker.core.backoff import Backoff
 from shard_worker.core.frames import DeadLetter, Entry, FrameDecoder, Gap
-from shard_worker.core.liveness import Due, Keepalive, LivenessSettings, Staleness
+from shard_worker.core.liveness import Keepalive, LivenessSettings, Staleness
+from shard_worker.drivers.keepalive import GaveUp, watch
 from shard_worker.drivers.recorder import Recorder
 from shard_worker.records import Record
 
-if TYPE_CHECKING:
-    from shard_worker.drivers.pipeline import BatchPipeline
-
 MALFORMED_LOG_INTERVAL = 1.0
 RECONNECT_LOG_INTERVAL = 1.0
+REPLAY_YIELD = 1024  # frames a replay writes between two schedule points
 
 Batch = Sequence[str | bytes]
+Receive = Callable[[], Awaitable[Batch]]  # the messages of one socket read, at least one
 
 
 class _SinkTaskGone(Exception):
     """The sink task closed its channel (the worker is exiting)."""
 
 
-class _GaveUp(Exception):
-    """The keepalive gave the connection up: ``due`` says why (ping_timeout, idle)."""
+class _Replayed(Exception):
+    """The frames of a replay are all handled."""
 
-    def __init__(self, due: Due, description: str) -> None:
-        super().__init__(description)
-        self.reason = due.value
+
+class Door(Protocol):
+    """What a reader needs of the door to the sink besides its read loop (the Recorder, the
+    BatchPipeline, or a standby's buffer, which writes nothing)."""
+
+    def last(self, stream: str) -> int: ...
+
+    def dead_letter(
+        self,
+        stream: str,
+        seq: int | None,
+        data: Any,
+        *,
+        reason: str,
+        error: str,
+        encoding: str = "",
+    ) -> None: ...
 
 
 @attrs.frozen
@@ -109,7 +129,7 @@ class StreamReader:
         self,
         spec: StreamSpec,
         *,
-        recorder: Recorder | BatchPipeline,
+        recorder: Door,
         settings: WorkerSettings,
         placeholders: Placeholders,
         log: Log,
@@ -117,7 +137,8 @@ class StreamReader:
         sender: trio.MemorySendChannel[tuple[Record, int]] | None = None,
     ) -> None:
         """``recorder``: the Recorder (jsonl: written synchronously), or the BatchPipeline, whose
-        channel ``sender`` takes the records (closed when the reader ends)."""
+        channel ``sender`` takes the records (closed when the reader ends); a standby's reader
+        (drivers/standby.py) has a door of its own and its own read loop."""
         self.spec = spec
         self.recorder = recorder
         self.settings = settings
@@ -125,9 +146,19 @@ class StreamReader:
         self.log = log
         self.transport = transport
         self.sender = sender
-        self.frames = FrameDecoder(
-            spec.sequence, last=recorder.last(spec.id), keep_text=sender is None
-        )
+        self.liveness = LivenessSettings.of(spec, settings)
+        # (outlives connections and promotions: a stream's silence is the stream's)
+        self.staleness = Staleness(self.liveness.stale_after, trio.current_time())
+        self._count_from(recorder.last(spec.id))
+        self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
+        self._open = trio.Event()  # the gate: set = read, clear = paused (see pause)
+        self._open.set()
+        self._reading: trio.CancelScope | None = None  # the read loop's, while it runs
+        self._left = trio.Event()  # set when that loop has ended
+
+    def _count_from(self, last: int) -> None:
+        """A new decoder resuming after ``last``, and every count from zero."""
+        self.frames = FrameDecoder(self.spec.sequence, last=last, keep_text=self.sender is None)
         self.path = self.frames.path  # None: an unsequenced stream
         self.tracker = self.frames.tracker
         self.malformed = RateLimitedCount(MALFORMED_LOG_INTERVAL)
@@ -135,10 +166,7 @@ class StreamReader:
         self.reconnect_reasons: dict[str, int] = {}  # RECONNECT_REASONS
         self._reconnect_log = RateLimitedCount(RECONNECT_LOG_INTERVAL)
         self._logged_reconnects = 0
-        self.liveness = LivenessSettings.of(spec, settings)
-        self.staleness = Staleness(self.liveness.stale_after, trio.current_time())
         self.dead_lettered = 0  # malformed or too large messages put in the dead-letter sink
-        self._tls: ssl.SSLContext | None = None  # built at the first wss:// connect
 
     @property
     def received(self) -> int:
@@ -196,8 +224,8 @@ class StreamReader:
                 self._info(f"connected to {_redact(url)} (after={after}; extensions: {extensions})")
                 if self.spec.subscribe:
                     await connection.send(self.placeholders.render(self.spec.subscribe, after))
-                await self._read(connection)
-        except _GaveUp as exc:
+                await self._watched(connection)
+        except GaveUp as exc:
             return self.received > received, f"disconnected: {exc}", exc.reason
         except MessageTooLarge as exc:
             # Not a healthy connection: a feed that replays the message meets a growing
@@ -208,67 +236,39 @@ class StreamReader:
             return self.received > received, f"disconnected: {exc}", "closed"
         except ConnectFailed as exc:
             return False, f"cannot connect to {_redact(url)}: {exc}", "connect_failed"
-        raise AssertionError("unreachable: the read loop ends only by raising")
+        raise AssertionError("unreachable: the read loops end only by raising")
 
-    async def _read(self, connection: Connection) -> NoReturn:
-        """Receive until the connection breaks or the keepalive gives it up. The keepalive is
-        a task of its own, asleep until its next deadline: the receive loop pays one clock read
-        per batch (per socket read), no cancel scope."""
+    async def _watched(self, connection: Connection) -> NoReturn:
+        """Read until the connection breaks or the keepalive (drivers/keepalive.py, a task
+        beside the reading) gives it up: then the reading is cancelled and ``GaveUp`` raised."""
         keepalive = Keepalive(self.liveness, trio.current_time())
-        gave_up: list[_GaveUp] = []
+        staleness, now, receive_batch = self.staleness, trio.current_time, connection.receive_batch
+
+        async def receive() -> Batch:
+            batch = await receive_batch()
+            keepalive.last_message = staleness.last_message = now()
+            return batch
+
+        gave_up: GaveUp | None = None
+
+        async def keep_alive() -> None:
+            nonlocal gave_up
+            gave_up = await watch(connection, keepalive)
+            if gave_up is not None:
+                nursery.cancel_scope.cancel()
+
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._keep_alive, connection, keepalive, gave_up, nursery)
+            nursery.start_soon(keep_alive)
             try:
-                await self._receive(connection, keepalive)
+                await self._read(receive)
             except Exception as exc:  # noqa: BLE001 - raised below, not in the nursery's group
                 failure = exc
             nursery.cancel_scope.cancel()
-        raise failure or gave_up[0]
-
-    async def _receive(self, connection: Connection, keepalive: Keepalive) -> NoReturn:
-        receive, staleness, now = connection.receive_batch, self.staleness, trio.current_time
-        if self.sender is None:  # the jsonl door: synchronous, no coroutine per batch
-            write = self._write_batch(self._recorder().writer(self.spec.id))
-            while True:
-                batch = await receive()
-                keepalive.last_message = staleness.last_message = now()
-                write(batch)
-        while True:
-            batch = await receive()
-            keepalive.last_message = staleness.last_message = now()
-            await self._send_batch(batch)
-
-    async def _keep_alive(
-        self,
-        connection: Connection,
-        keepalive: Keepalive,
-        gave_up: list[_GaveUp],
-        nursery: trio.Nursery,
-    ) -> None:
-        """Ping when nothing came for ping_interval; give the connection up (cancel the
-        reading) when a ping goes unanswered or the feed sends no message for idle_timeout."""
-        liveness = self.liveness
-        while True:
-            await trio.sleep_until(keepalive.deadline())
-            now = trio.current_time()
-            keepalive.received(connection.last_frame_at, messages=False)
-            due = keepalive.due(now)
-            if due is Due.PING:
-                try:
-                    await connection.ping()
-                except Closed:
-                    return  # the receive loop meets the same end
-                keepalive.pinged(now)
-            elif due is not None:
-                if due is Due.PING_TIMEOUT:
-                    connection.abandon()  # no close handshake with a peer that is gone
-                    why = f"no answer to a ping within {liveness.ping_timeout:g}s"
-                else:
-                    why = f"no message for {liveness.idle_timeout:g}s (idle)"
-                gave_up.append(_GaveUp(due, why))
-                nursery.cancel_scope.cancel()
-                return
+        if failure is not None:
+            raise failure
+        assert gave_up is not None  # (nothing else cancels the nursery but the caller)
+        raise gave_up
 
     def stale(self, now: float) -> bool:
         """Silent for longer than its timeout (``now``: trio's clock)."""
@@ -281,12 +281,79 @@ class StreamReader:
             self._warning(VERIFY_OFF_WARNING)
         return self._tls
 
+    async def _read(self, receive: Receive) -> NoReturn:
+        """The door's read loop, run again after each pause (on the same connection)."""
+        while True:
+            await self._open.wait()
+            if not self._open.is_set():
+                continue  # paused again before this task ran
+            self._left = trio.Event()
+            try:
+                with trio.CancelScope() as self._reading:
+                    await self._loop(receive)
+            finally:
+                self._reading = None
+                self._left.set()
+
+    def _loop(self, receive: Receive) -> Awaitable[NoReturn]:
+        """The read loop of this reader's door."""
+        return self._write_loop(receive) if self.sender is None else self._send_loop(receive)
+
+    async def pause(self) -> None:
+        """Stop reading at a message boundary, the connection left open; returns once no
+        message is being handled (a record being handed to a full channel is handed first).
+        A reader between connections is paused at once: it connects, then waits."""
+        self._open = trio.Event()
+        if self._reading is not None:
+            self._reading.cancel()
+            await self._left.wait()
+
+    def resume(self) -> None:
+        """Read on, through whatever door is set now."""
+        self._open.set()
+
+    def switch(
+        self,
+        recorder: Door,
+        *,
+        sender: trio.MemorySendChannel[tuple[Record, int]] | None,
+        epoch: int,
+    ) -> None:
+        """A new door, while paused (a promotion): the decoder resumes after the door's
+        checkpoint, the counts start over, ``{epoch}`` is ``epoch`` at the next connect."""
+        self.recorder, self.sender = recorder, sender
+        self.placeholders = attrs.evolve(self.placeholders, epoch=epoch)
+        self._count_from(recorder.last(self.spec.id))
+
+    async def replay(self, frames: Sequence[str | bytes]) -> None:
+        """Run ``frames`` (received earlier: a standby's buffer) through the door, in order,
+        as if they arrived now: dedup, gaps, dead letters as for any message. While paused;
+        ``REPLAY_YIELD`` frames at a time, with a schedule point between two."""
+        batches = iter(_slices(frames, REPLAY_YIELD))
+
+        async def receive() -> Batch:
+            await trio.sleep(0)  # the connections' own tasks and the pipes go on
+            for batch in batches:
+                return batch
+            raise _Replayed
+
+        try:
+            await self._loop(receive)
+        except _Replayed:
+            return
+
     def _recorder(self) -> Recorder:
         assert isinstance(self.recorder, Recorder)  # (no sender: the jsonl door)
         return self.recorder
 
+    async def _write_loop(self, receive: Receive) -> NoReturn:
+        """The jsonl door: each record written synchronously (Recorder); no coroutine per
+        batch."""
+        write = self._write_batch(self._recorder().writer(self.spec.id))
+        while True:
+            write(await receive())
+
     def _write_batch(self, write: LineWriter) -> Callable[[Batch], None]:
-        """The jsonl door of one connection: each record written synchronously (Recorder)."""
         accept, event = self.frames.accept, self._event
 
         def write_batch(batch: Batch) -> None:
@@ -298,25 +365,27 @@ class StreamReader:
 
         return write_batch
 
-    async def _send_batch(self, batch: Batch) -> None:
-        """Hand each record to the sink task. No schedule point while the channel has room;
-        a full channel blocks the send, and with it the reading: TCP pushes back on the feed."""
+    async def _send_loop(self, receive: Receive) -> NoReturn:
+        """Hand each record to the sink task. No schedule point while the channel has room
+        (``receive()`` has one); a full channel blocks the send, and with it the reading: TCP
+        pushes back on the feed."""
         assert self.sender is not None
         send_nowait, accept, event = self.sender.send_nowait, self.frames.accept, self._event
         stream, names = self.spec.id, self.placeholders
         shard, epoch, worker, wall = names.shard, names.epoch, names.worker, time.time
-        for message in batch:
-            item = accept(message)
-            if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
-                continue
-            seq, data, encoding, _ = item
-            record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding)
-            try:
-                send_nowait((record, len(message)))
-            except trio.WouldBlock:
-                await self._send_blocking((record, len(message)))
-            except trio.BrokenResourceError:
-                raise _SinkTaskGone from None
+        while True:
+            for message in await receive():
+                item = accept(message)
+                if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
+                    continue
+                seq, data, encoding, _ = item
+                record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding)
+                try:
+                    send_nowait((record, len(message)))
+                except trio.WouldBlock:
+                    await self._send_blocking((record, len(message)))
+                except trio.BrokenResourceError:
+                    raise _SinkTaskGone from None
 
     async def _send_blocking(self, item: tuple[Record, int]) -> None:
         """The send of a full channel: shielded, so a received record reaches the channel even
@@ -387,3 +456,7 @@ class StreamReader:
 
     def _warning(self, message: str) -> None:
         self.log.warning(message, stream=self.spec.id)
+
+
+def _slices(frames: Sequence[str | bytes], size: int) -> Iterable[Batch]:
+    return (frames[i : i + size] for i in range(0, len(frames), size))

@@ -1,5 +1,9 @@
 """The shard worker's lifecycle: hello, start, read and write until stop, fence or EOF.
 
+A child started in standby mode (``start.mode``) first stands by (drivers/standby.py):
+connected, buffering, writing nothing, until ``promote`` makes it an owner child in place (its
+buffer written after the promotion's checkpoint, its connections kept) or ``stop`` ends it.
+
 Exit codes: 0 stopped (or the parent went away), 1 unexpected error, 2 protocol error,
 3 fence deadline passed, 4 the sink failed for good (``on_failure = "crash"``), 5 the sink
 cannot be opened (a handler that does not import, a bad sink setting). See
@@ -11,25 +15,26 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from functools import partial
 from urllib.parse import urlsplit
 
+import attrs
 import trio
 
 from shard_worker.adapters.last_will import give_last_will
 from shard_worker.adapters.log import Log
 from shard_worker.adapters.pipes import MessageChannel, PipeClosed
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, open_sink
-from shard_worker.adapters.transports import stream_transport
 from shard_worker.contract.exit_codes import ChildExit
 from shard_worker.contract.pipe import (
+    ACTIVE,
     PROTOCOL_VERSION,
+    STANDBY,
     Checkpoint,
     Error,
-    Fence,
-    Heartbeat,
     Hello,
+    Promote,
     ProtocolError,
-    Ready,
     Start,
     Stop,
     Stopped,
@@ -37,26 +42,37 @@ from shard_worker.contract.pipe import (
 )
 from shard_worker.core.sequence import SequencePath
 from shard_worker.drivers.fence import FenceExpired, FenceGuard, trio_deadline
+from shard_worker.drivers.owner import (
+    STOP_MARGIN,
+    ControlClosed,
+    Output,
+    own,
+    report,
+    resume_checkpoint,
+    run_readers,
+    start_readers,
+)
 from shard_worker.drivers.pipeline import BatchPipeline, SinkFailed
-from shard_worker.drivers.reader import Placeholders, StreamReader
+from shard_worker.drivers.reader import StreamReader
 from shard_worker.drivers.recorder import Recorder
+from shard_worker.drivers.standby import Standby
 
 START_TIMEOUT = 10.0
-REPORT_TIMEOUT = 10.0  # a parent that reads nothing for this long is broken
 FATAL_REPORT_TIMEOUT = 1.0  # best effort on the way out
-STOP_MARGIN = 0.05  # leave the parent this much of the stop deadline to see us exit
 LAST_WILL_TIMEOUT = 5.0  # the release on the way out; then the lease expires as it would
-
-
-class ControlClosed(Exception):
-    """EOF on the control pipe: the parent died or wants us gone now."""
 
 
 class SinkSetupFailed(Exception):
     """The sink of the start message cannot be opened (import, settings, credentials)."""
 
 
-Output = Recorder | BatchPipeline
+@attrs.define
+class _Shard:
+    """What this child runs: the start (once a standby is promoted, with the promotion's
+    epoch, checkpoint and fence) and the output (None while standing by)."""
+
+    start: Start
+    output: Output | None = None
 
 
 async def run_worker(channel: MessageChannel, log: Log) -> int:
@@ -68,7 +84,7 @@ async def run_worker(channel: MessageChannel, log: Log) -> int:
 
 
 async def _lifecycle(channel: MessageChannel, log: Log) -> int:
-    await _report(channel, Hello(version=PROTOCOL_VERSION, pid=os.getpid()))
+    await report(channel, Hello(version=PROTOCOL_VERSION, pid=os.getpid()))
     first = await _receive_start(channel)
     if isinstance(first, Stop):
         log.info(f"stopped before start: {first.reason}")
@@ -82,28 +98,35 @@ async def _lifecycle(channel: MessageChannel, log: Log) -> int:
         log_format=settings.log_format,
         redact=(*settings.redact, *header_secrets(start.streams)),
     )
-    output = _open_output(start, log)
+    shard = _Shard(start, None if start.mode == STANDBY else _open_output(start, log))
     try:
         try:
-            stop = await _run_shard(start, output, channel, log)
+            stop = await _run_shard(shard, channel, log)
         except Exception as exc:
+            output = shard.output
             if _find(exc, ControlClosed) is None and _find(exc, PipeClosed) is None:
-                if _find(exc, SinkFailed) is not None or _find(exc, FenceExpired) is not None:
+                if output is not None and (
+                    _find(exc, SinkFailed) is not None or _find(exc, FenceExpired) is not None
+                ):
                     # The close below writes out what the sink holds: report it first, or a
                     # restart in this epoch would write those records a second time.
                     await _report_delivered(channel, output, log)
                 raise
+            if output is None:
+                log.info(f"supervisor gone ({exc!r}); a standby holds no lease: exiting")
+                return ChildExit.OK
             # The supervisor is gone: nothing more is written; hand the shard on.
             checkpoint = output.flush()
             await output.aclose()
             log.warning(f"supervisor gone ({exc!r}); last will at checkpoint {checkpoint}")
-            await _last_will(start, checkpoint, log)
+            await _last_will(shard.start, checkpoint, log)
             return ChildExit.OK
-        checkpoint = output.flush()
+        checkpoint = shard.output.flush() if shard.output is not None else {}
     finally:
-        with trio.CancelScope(shield=True):
-            await output.aclose()
-    written = output.written
+        if shard.output is not None:
+            with trio.CancelScope(shield=True):
+                await shard.output.aclose()
+    written = shard.output.written if shard.output is not None else 0
     log.info(f"stopped ({stop.reason}): written={written} checkpoint={checkpoint}")
     await _send_stopped(channel, stop, checkpoint, written, log)
     return ChildExit.OK
@@ -121,7 +144,7 @@ def _open_output(start: Start, log: Log) -> Output:
         worker=start.worker,
         fsync=spec.fsync,
     )
-    checkpoint = _resume_checkpoint(start)
+    checkpoint = resume_checkpoint(start)
     if spec.kind == "jsonl":
         jsonl = open_sink(
             spec,
@@ -235,137 +258,66 @@ def _validate(start: Start) -> None:
                 raise ProtocolError(f"stream {spec.id!r}: {exc}") from None
 
 
-def _resume_checkpoint(start: Start) -> dict[str, int]:
-    """The start checkpoint, restricted to this shard's sequenced streams."""
-    sequenced = {spec.id for spec in start.streams if spec.sequence}
-    return {stream: seq for stream, seq in start.checkpoint.items() if stream in sequenced}
-
-
-async def _run_shard(start: Start, output: Output, channel: MessageChannel, log: Log) -> Stop:
+async def _run_shard(shard: _Shard, channel: MessageChannel, log: Log) -> Stop:
     """Readers, sink task and checkpoints run until Stop; raises ControlClosed, FenceExpired
-    or SinkFailed otherwise. On Stop the readers stop reading, the sink task delivers what
-    they had received (until the stop deadline), and only then does this return."""
-    pipeline = output if isinstance(output, BatchPipeline) else None
+    or SinkFailed otherwise. A standby first stands by, until promoted (or stopped)."""
+    start = shard.start
+    reading = trio.CancelScope()
     async with trio.open_nursery() as nursery:
-        if pipeline is not None:
-            await nursery.start(pipeline.run)
-        readers = [
-            StreamReader(
-                spec,
-                recorder=output,
-                settings=start.settings,
-                placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
-                log=log,
-                transport=stream_transport(spec, start.settings, start.sink.max_message_size),
-                sender=pipeline.sender() if pipeline is not None else None,
-            )
-            for spec in start.streams
-        ]
-        if pipeline is not None:
-            pipeline.seal()
-        reading = trio.CancelScope()
-        await nursery.start(_run_readers, readers, reading)
-        nursery.start_soon(_checkpoint_loop, output, channel, start.settings.checkpoint_interval)
-        nursery.start_soon(
-            _heartbeat_loop, output, readers, channel, start.settings.heartbeat_interval
-        )
-        await _report(channel, Ready())
-        log.info(f"ready: epoch={start.epoch} streams={len(start.streams)}")
-        stop = await _serve_control(channel, output)
-        reading.cancel()
-        if pipeline is not None:
-            nursery.start_soon(_serve_fences, channel, output)
-            with trio.move_on_at(_trio_deadline(stop.deadline) - 2 * STOP_MARGIN) as scope:
-                await pipeline.drained()
-            if scope.cancelled_caught:
-                log.warning("stop deadline reached before the last batch was delivered")
+        if shard.output is None:
+            promoted = await _stand_by(shard, reading, nursery, channel, log)
+            if isinstance(promoted, Stop):
+                nursery.cancel_scope.cancel()
+                return promoted
+            readers = promoted
+        else:
+            readers = await start_readers(start, shard.output, reading, nursery, log)
+        assert shard.output is not None
+        stop = await own(shard.start, shard.output, readers, reading, nursery, channel, log)
         nursery.cancel_scope.cancel()
     return stop
 
 
-async def _run_readers(
-    readers: list[StreamReader],
-    scope: trio.CancelScope,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+async def _stand_by(
+    shard: _Shard,
+    reading: trio.CancelScope,
+    nursery: trio.Nursery,
+    channel: MessageChannel,
+    log: Log,
+) -> list[StreamReader] | Stop:
+    """A standby's readers, reading (in ``reading``) into its buffer until ``promote`` (then
+    they read into the promoted output: returned) or ``stop`` (returned)."""
+    start = shard.start
+    standby = Standby(start, log)
+    await nursery.start(run_readers, standby.readers, reading)
+    log.info(f"standby: epoch={start.epoch} streams={len(standby.readers)} {start.standby}")
+    message = await standby.serve(channel.receive, partial(report, channel))
+    if message is None:
+        raise ControlClosed("control pipe closed")
+    if isinstance(message, Promote):
+        await _promote(shard, standby, message, nursery, log)
+        return list(standby.readers)
+    return message
+
+
+async def _promote(
+    shard: _Shard, standby: Standby, promote: Promote, nursery: trio.Nursery, log: Log
 ) -> None:
-    """Every reader, in a scope of their own: cancelling it stops the reading only."""
-    with scope:
-        async with trio.open_nursery() as nursery:
-            for reader in readers:
-                await nursery.start(reader.run)
-            task_status.started()
-
-
-async def _serve_control(channel: MessageChannel, recorder: Output) -> Stop:
-    """Apply Fence messages until a Stop arrives (returned) or the pipe closes (raised)."""
-    while True:
-        message = await channel.receive()
-        if message is None:
-            raise ControlClosed("control pipe closed")
-        if isinstance(message, Fence):
-            recorder.fence_deadline = message.deadline
-        elif isinstance(message, Stop):
-            return message
-        else:
-            raise ProtocolError(f"unexpected {message.type!r} message after start")
-
-
-async def _serve_fences(channel: MessageChannel, output: Output) -> None:
-    """While the last batches are delivered after Stop: keep applying Fence messages."""
-    while True:
-        message = await channel.receive()
-        if message is None:
-            raise ControlClosed("control pipe closed while stopping")
-        if isinstance(message, Fence):
-            output.fence_deadline = message.deadline
-
-
-async def _checkpoint_loop(recorder: Output, channel: MessageChannel, interval: float) -> None:
-    """Flush, then report what the flush made durable (only when it moved)."""
-    reported = recorder.checkpoint()
-    while True:
-        await trio.sleep(interval)
-        # Synchronous: nothing is written (or delivered) between the flush and the report.
-        checkpoint = recorder.flush()
-        if checkpoint != reported:
-            await _report(channel, Checkpoint(checkpoint=checkpoint, written=recorder.written))
-            reported = checkpoint
-
-
-async def _heartbeat_loop(
-    recorder: Output, readers: list[StreamReader], channel: MessageChannel, interval: float
-) -> None:
-    """Liveness with progress. Runs on the same event loop as the readers, so a loop blocked
-    by CPU-bound code stops the heartbeats, and the supervisor replaces the child."""
-    while True:
-        before = trio.current_time()
-        await trio.sleep(interval)
-        lag = max(0.0, trio.current_time() - before - interval)
-        await _report(
-            channel,
-            Heartbeat(
-                written=recorder.written,
-                last_seq={r.spec.id: recorder.last(r.spec.id) for r in readers if r.path},
-                loop_lag=round(lag, 6),
-                duplicates=sum(r.tracker.duplicates for r in readers),
-                gaps=sum(r.tracker.gaps for r in readers),
-                malformed=sum(r.malformed.count for r in readers),
-                streams={
-                    r.spec.id: r.counts(
-                        recorder.written_by_stream.get(r.spec.id, 0),
-                        recorder.dead_lettered_by_stream.get(r.spec.id, 0),
-                    )
-                    for r in readers
-                },
-                stale=[r.spec.id for r in readers if r.stale(trio.current_time())],
-            ),
-        )
-
-
-async def _report(channel: MessageChannel, message: Hello | Ready | Checkpoint | Heartbeat) -> None:
-    with trio.fail_after(REPORT_TIMEOUT):
-        await channel.send(message)
+    """The standby becomes the owner child of the promotion's epoch: its sink opened, its
+    buffer written after the promotion's checkpoint, its readers on the sink (no reconnect)."""
+    start = shard.start = attrs.evolve(
+        shard.start,
+        epoch=promote.epoch,
+        checkpoint=promote.checkpoint,
+        fence_deadline=promote.fence_deadline,
+        mode=ACTIVE,
+    )
+    log.configure(shard=start.shard, epoch=start.epoch, log_format=start.settings.log_format)
+    output = shard.output = _open_output(start, log)
+    pipeline = output if isinstance(output, BatchPipeline) else None
+    if pipeline is not None:
+        await nursery.start(pipeline.run)
+    await standby.promote(promote, output, pipeline)
 
 
 async def _fail(channel: MessageChannel, log: Log, exc: Exception) -> int:

@@ -117,6 +117,33 @@ class Metrics:
             ["shard", "stream"],
             registry=r,
         )
+        # Warm standbys and make-before-break hand-offs (issue 14; docs/runbook.md).
+        self.handoffs = Counter(
+            "shardvisor_handoffs",
+            "Shards this worker handed to a peer, by mode: make_before_break (the peer's"
+            " standby was connected before our child stopped) or break_before_make",
+            ["mode"],
+            registry=r,
+        )
+        self.handoff_fallbacks = Counter(
+            "shardvisor_handoff_fallbacks",
+            "Hand-offs to a peer that fell back to break-before-make, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.promotions = Counter(
+            "shardvisor_promotions",
+            "Standby children promoted to owner children on a take, by kind: handoff (a"
+            " graceful move to us) or failover (a dead owner's shard)",
+            ["kind"],
+            registry=r,
+        )
+        self.standby_dropped = Counter(
+            "shardvisor_standby_dropped_records",
+            "Records a standby child dropped from its full buffer (standby.max_buffer_bytes)",
+            ["shard"],
+            registry=r,
+        )
         self.info = Gauge(
             "shardvisor_worker_info", "This supervisor's identity", ["worker"], registry=r
         )
@@ -188,3 +215,28 @@ class _StateCollector(Collector):
                 lag.add_metric([shard, stream], records)
         yield age
         yield lag
+        yield from _standby_families(state.get("standbys", {}))
+
+
+def _standby_families(standbys: Mapping[str, Mapping[str, int]]) -> Iterator[GaugeMetricFamily]:
+    """The standby runners of this worker: children alive, and their buffers per shard."""
+    yield GaugeMetricFamily(
+        "shardvisor_standby_children",
+        "Standby children running on this worker (connected and buffering, writing nothing)",
+        value=sum(info["up"] for info in standbys.values()),
+    )
+    records = GaugeMetricFamily(
+        "shardvisor_standby_buffered_records",
+        "Records a standby child holds, per shard",
+        labels=["shard"],
+    )
+    size = GaugeMetricFamily(
+        "shardvisor_standby_buffered_bytes",
+        "Message bytes a standby child holds, per shard",
+        labels=["shard"],
+    )
+    for shard, info in sorted(standbys.items()):
+        records.add_metric([shard], info["buffered"])
+        size.add_metric([shard], info["bytes"])
+    yield records
+    yield size

@@ -2,6 +2,10 @@
 
 On ECS the task id is stable for the task's life and shows up in the console, so it beats
 "<hostname>-<pid>"; but an unreachable metadata endpoint must never stop the worker starting.
+On Kubernetes the pod name (POD_NAME, set by the downward API in conf/kubernetes/) is what
+`kubectl get pods` shows and outlives a container restart, so a supervisor restarted in the
+same pod takes its own shards back at once. Not $HOSTNAME: every shell sets it, and in a pod
+it is the pod name only while the spec sets no hostname; the fallback already uses it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 
 ECS_METADATA_ENV = "ECS_CONTAINER_METADATA_URI_V4"
+POD_NAME_ENV = "POD_NAME"  # the downward API's metadata.name (conf/kubernetes/deployment.yaml)
 FETCH_TIMEOUT = 1.0  # seconds; the endpoint is link-local, a slow answer means it is not there
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -29,7 +34,8 @@ def resolve_worker_id(
     pid: int,
     fetch: Callable[[str], bytes] | None = None,
 ) -> str:
-    """The configured id, else the ECS task id, else "<hostname>-<pid>"; always sanitized."""
+    """The configured id, else the ECS task id, else the Kubernetes pod name, else
+    "<hostname>-<pid>"; always sanitized."""
     if configured:
         return sanitize(configured)
     metadata_uri = environ.get(ECS_METADATA_ENV, "")
@@ -37,6 +43,9 @@ def resolve_worker_id(
         task_id = _ecs_task_id(metadata_uri, fetch or _http_get)
         if task_id:
             return sanitize(task_id)
+    pod_name = environ.get(POD_NAME_ENV, "").strip()
+    if pod_name:
+        return sanitize(pod_name)
     return sanitize(f"{hostname}-{pid}")
 
 
@@ -60,7 +69,12 @@ def _ecs_task_id(metadata_uri: str, fetch: Callable[[str], bytes]) -> str | None
     try:
         return _task_id_from(fetch(url))
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        log.warning("cannot read the ECS task id from %s (%s); using <hostname>-<pid>", url, exc)
+        log.warning(
+            "cannot read the ECS task id from %s (%s); using %s, else <hostname>-<pid>",
+            url,
+            exc,
+            POD_NAME_ENV,
+        )
         return None
 
 

@@ -26,7 +26,7 @@ from supervisor.adapters.logs import Redactor
 from supervisor.config.checks import Check, Invalid, show
 from supervisor.config.environment import environment_problems
 from supervisor.config.model import Config, ShardConfig, WebSocketConfig
-from supervisor.config.rules import RULES, stream_liveness
+from supervisor.config.rules import CONFIG_RULES, RULES, stream_liveness
 from supervisor.config.schema import (
     SECTIONS,
     SHARD,
@@ -169,6 +169,11 @@ def _validate(
         templates=tuple(sorted(substitution.templates)),
         secrets=frozenset(substitution.secrets),
     )
+    failed = {problem.split(":", 1)[0] for problem in reader.problems}
+    for whole_rule in CONFIG_RULES:
+        for path, message in whole_rule(config):
+            if path not in failed:
+                reader.report(path, message)
     return _Validation(config, source, substitution, tuple(reader.problems))
 
 

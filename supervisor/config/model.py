@@ -32,7 +32,7 @@ def setting(default: Any, check: Check) -> Any:
 
 @attrs.frozen
 class WorkerConfig:
-    # "" = derive at start: ECS task id, else "<hostname>-<pid>"
+    # "" = derive at start: ECS task id, else $POD_NAME (Kubernetes), else "<hostname>-<pid>"
     id: str = setting(
         "",
         checks.matching(
@@ -41,6 +41,8 @@ class WorkerConfig:
         ),
     )
     max_shards: int = setting(0, checks.integer(0, 100_000))  # most shards at once; 0 = no cap
+    # Most standby children at once (0 = no cap): a budget of its own, beside max_shards.
+    max_standbys: int = setting(0, checks.integer(0, 100_000))
 
 
 @attrs.frozen
@@ -69,6 +71,9 @@ class LeaseConfig:
     full_scan_interval: float = setting(60.0, checks.duration())
     # How often to look for shards handed to this worker by name (0 = only at reconcile).
     handoff_poll_interval: float = setting(0.25, checks.duration(allow_zero=True))
+    # A make-before-break hand-off waits this long for the successor's standby child to be
+    # connected; then the owner stops first (break-before-make), logged and counted.
+    handoff_timeout: float = setting(5.0, checks.duration())
 
     @property
     def effective_safety_margin(self) -> float:
@@ -92,6 +97,18 @@ class SupervisorConfig:
     # The command that runs a shard worker with spawn = "fresh" (to wrap it in nice, taskset,
     # prlimit, another interpreter...). Empty: python -m shard_worker with this interpreter.
     worker_command: tuple[str, ...] = setting((), checks.command)
+
+
+@attrs.frozen
+class StandbyConfig:
+    # Warm standby children per shard, on other workers (0 = none): connected and buffering,
+    # so a dead owner's shard resumes from the buffer instead of the feed's present.
+    count: int = setting(0, checks.integer(0, 100))
+    # How much of the recent feed a standby keeps; at least lease.duration + 2 x
+    # lease.reconcile_interval + supervisor.checkpoint_interval (the longest outage to cover).
+    buffer: float = setting(30.0, checks.duration())
+    # Per standby child; past it the oldest records go (counted).
+    max_buffer_bytes: int = setting(64 * 1024 * 1024, checks.integer(1024, 1 << 40))
 
 
 @attrs.frozen
@@ -151,6 +168,13 @@ class WebSocketConfig:
 class ShardConfig:
     id: str = attrs.field(metadata={CHECK: checks.IDENTIFIER})
     streams: tuple[StreamSpec, ...]  # [[shards.streams]], checked by ``schema.STREAM``
+    # Standby children of this shard; None = standby.count. Not part of the definition: a
+    # change applies at a reload without restarting the shard.
+    standbys: int | None = attrs.field(default=None, metadata={CHECK: checks.integer(0, 100)})
+
+    def standby_count(self, default: int) -> int:
+        """This shard's standbys: its own setting, else ``default`` (standby.count)."""
+        return default if self.standbys is None else self.standbys
 
 
 @attrs.frozen
@@ -161,6 +185,7 @@ class Config:
     dynamodb: DynamoConfig = attrs.field(factory=DynamoConfig)
     lease: LeaseConfig = attrs.field(factory=LeaseConfig)
     supervisor: SupervisorConfig = attrs.field(factory=SupervisorConfig)
+    standby: StandbyConfig = attrs.field(factory=StandbyConfig)
     # [sink]; its ``dead_letter`` field is unused here: [dead_letter] is ``dead_letter`` below,
     # joined into the spec each child gets (supervisor/drivers/shard_runner.py, ``_start_message``).
     sink: SinkSpec = attrs.field(factory=SinkSpec)

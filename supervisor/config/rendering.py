@@ -57,8 +57,8 @@ class _Renderer:
         lines = [header]
         for name in schema.keys:
             value, at = getattr(obj, name), key_path(path, name)
-            if value is None:
-                continue  # a stream's [websocket] key it does not set: the section's applies
+            if value is None:  # unset, and TOML has no null: a shard's standbys, a stream's
+                continue  # [websocket] keys (the section's apply)
             text = self.pairs(value, at) if name == "headers" else self.value(value, at)
             lines.append(f"{name} = {text}")
         return [*lines, ""]

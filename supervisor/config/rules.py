@@ -14,6 +14,7 @@ from typing import Any
 from shard_worker.contract.pipe import SinkSpec
 from supervisor.config.durations import format_duration
 from supervisor.config.model import (
+    Config,
     DeadLetterConfig,
     LeaseConfig,
     SupervisorConfig,
@@ -66,6 +67,26 @@ def supervisor_rules(sections: Mapping[str, Any], bad: Set[str]) -> list[Problem
         problem = 'needs supervisor.spawn = "fresh" (the zygote forks the built-in worker)'
         problems.append(("supervisor.worker_command", problem))
     return problems
+
+
+def standby_buffer(config: Config) -> list[Problem]:
+    """Where standbys are in use (``standby.count``, or a shard's ``standbys``), a standby's
+    buffer must cover the longest outage it is for: a dead owner's lease (``lease.duration``),
+    the rounds until its standby takes over (two reconcile intervals) and what the owner wrote
+    after its last checkpoint (one checkpoint interval). Without standbys it does not matter
+    (a make-before-break hand-off buffers for well under a second)."""
+    standby, lease = config.standby, config.lease
+    if not standby.count and not any(shard.standbys for shard in config.shards):
+        return []
+    needed = lease.duration + 2 * lease.reconcile_interval + config.supervisor.checkpoint_interval
+    if standby.buffer + 1e-6 >= needed:  # 1e-6: float rounding of the sum
+        return []
+    problem = (
+        "must be at least lease.duration + 2 x lease.reconcile_interval +"
+        f" supervisor.checkpoint_interval = {format_duration(needed)}"
+        f" (got {format_duration(standby.buffer)})"
+    )
+    return [("standby.buffer", problem)]
 
 
 def sink_rules(sections: Mapping[str, Any], bad: Set[str]) -> list[Problem]:
@@ -165,3 +186,7 @@ RULES: Mapping[str, Rule] = {
     "dead_letter": dead_letter_rules,
     "websocket": websocket_rules,
 }
+
+# Run once the whole file is read (the shards too); a key that failed its own check is not
+# compared again (it stands at its default).
+CONFIG_RULES: tuple[Callable[[Config], list[Problem]], ...] = (standby_buffer,)

@@ -110,13 +110,19 @@ def successors(
     tracker: PeerTracker,
     shards: Sequence[ShardItem] | None,
     now: float,
+    workers: Iterable[WorkerItem] = (),
 ) -> dict[str, str]:
-    """A successor per shard among the live peers, least loaded first; {} before the first
-    scan (``shards`` None) or when there is nothing to hand off."""
+    """A successor per shard among the live peers: one with a ready standby of it first
+    (``workers``' advertised standbys), else the least loaded; {} before the first scan
+    (``shards`` None) or when there is nothing to hand off."""
     if shards is None or not shard_ids:
         return {}
     live = [w for w in tracker.known() if tracker.is_live_member(w, now)]
-    return pick_successors(list(shard_ids), me, live, shards)
+    ready: dict[str, list[str]] = {}
+    for worker in workers:
+        for shard in worker.standbys:
+            ready.setdefault(shard, []).append(worker.id)
+    return pick_successors(list(shard_ids), me, live, shards, ready)
 
 
 def stop_grace(shutdown_timeout: float) -> float:

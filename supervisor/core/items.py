@@ -24,6 +24,13 @@ class WorkerItem:
     drain_requested: float = 0.0  # wall time of `shardvisor drain`, 0 = none
     max_shards: int = 0  # its cap, advertised so every worker computes the same targets
     mailbox: int = 0  # +1 by anyone who needs this worker to re-read the table (see poke)
+    # Warm standbys (issue 14): the shards whose standby child is ready on this worker
+    # (written by a heartbeat when it changes), its cap on standby children (0 = none,
+    # advertised like max_shards), and what this version does ("mbb": it answers
+    # make-before-break requests and runs standbys; an older peer has none).
+    standbys: tuple[str, ...] = ()
+    max_standbys: int = 0
+    features: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -41,6 +48,11 @@ class ShardItem:
     # The owner's streams silent past their timeout (sorted; published when the set changes,
     # cleared by a take): `status` shows them stale.
     stale: tuple[str, ...] = ()
+    # A make-before-break hand-off to ``successor`` under way: "" (none), "requested" by the
+    # owner, "ready" (the successor's standby is connected; ``handoff_first`` holds the first
+    # sequence it buffered per stream, so the owner stops at the one before).
+    handoff_stage: str = ""
+    handoff_first: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -50,6 +62,16 @@ class VacantShard:
     id: str
     epoch: int
     successor: str = ""
+
+
+@attrs.frozen
+class HandoffRequest:
+    """An owned shard whose owner asks ``successor`` for a make-before-break hand-off, as the
+    ``roster`` index lists it (eventually consistent: only to find; the writes are fenced)."""
+
+    id: str
+    epoch: int  # the owner's
+    successor: str
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -75,6 +75,8 @@ def plan_round(
     recently_shed: Mapping[str, float] | None = None,
     max_shards: int = 0,
     peer_caps: Mapping[str, int] | None = None,
+    standby_claims: Collection[str] = (),
+    standby_waiting: Collection[str] = (),
 ) -> Plan:
     """One reconcile round. ``held`` maps shard -> epoch for shards with a running child here.
 
@@ -83,7 +85,9 @@ def plan_round(
     ``max_shards`` caps us (0 = no cap); ``peer_caps`` holds the caps peers advertise (absent or
     0 = uncapped): without them a capped peer's excess stays unowned instead of moving to us.
     A worker that is not accepting (draining, or its lease lapsed) neither takes nor sheds: its
-    shards leave through the drain or the lease watchdog.
+    shards leave through the drain or the lease watchdog. ``standby_claims`` and
+    ``standby_waiting`` are the standby-first rule (``standby.standby_priority``): dead owners'
+    shards we take first as their standby, and those we leave to another's standby for now.
     """
     wanted = set(configured)
     items = {s.id: s for s in shards if s.id in wanted}
@@ -103,9 +107,10 @@ def plan_round(
     pool = list(items.values())
     share = _dealt_share(me, pool, targets, tracker, now)
     found = _candidates(me, pool, held, share, tracker, now)
+    found = [i for i in found if i.id not in cooling and i.id not in standby_waiting]
     room = targets[me] - len(keeping)
     return Plan(
-        take=_takes(me, [i for i in found if i.id not in cooling], room),
+        take=_takes(me, found, room, frozenset(standby_claims)),
         lost=lost,
         shed=_shed(me, keeping, held_since, -room, cooling, now, min_dwell),
     )
@@ -168,15 +173,18 @@ def _claimed(me: str, item: ShardItem) -> bool:
     return item.owner == me or (not item.owner and item.successor == me)
 
 
-def _takes(me: str, found: Sequence[ShardItem], room: int) -> tuple[Take, ...]:
-    """Up to ``room`` candidates; shards still carrying our own id, or handed to us by name
-    (an operator's release, a drain), are taken regardless.
+def _takes(
+    me: str, found: Sequence[ShardItem], room: int, claims: frozenset[str]
+) -> tuple[Take, ...]:
+    """Up to ``room`` candidates; shards still carrying our own id, handed to us by name
+    (an operator's release, a drain), or claimed as a dead owner's standby, are taken
+    regardless.
 
     Nobody else may take those while we are alive, so leaving them would strand them; any
     excess they cause is shed by the usual rule once they have dwelt.
     """
-    own = [item for item in found if _claimed(me, item)]
-    others = [item for item in found if not _claimed(me, item)]
+    own = [item for item in found if _claimed(me, item) or item.id in claims]
+    others = [item for item in found if not (_claimed(me, item) or item.id in claims)]
     chosen = own + others[: max(room - len(own), 0)]
     return tuple(Take(item.id, item.owner, item.epoch) for item in chosen)
 

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
-from supervisor.core.items import VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.runner_state import HeldShard
 
@@ -31,9 +31,14 @@ def round_signature(
     workers: Iterable[WorkerItem],
 ) -> tuple[object, ...]:
     """What a cheap round (worker items and vacant shards only) compares with the last one:
-    who is live, alive or dead; which shards are vacant; our own mailbox (operator pokes)."""
+    who is live, alive or dead; which shards are vacant; our own mailbox (operator pokes);
+    who advertises which ready standbys (they change when a shard moved between two other
+    workers, which the vacant shards may not have shown: the standby placement needs the
+    owners as they are)."""
+    workers = list(workers)
     mine = next((w for w in workers if w.id == me), None)
-    return (membership, tuple(vacant), mine.mailbox if mine else -1)
+    standbys = tuple((w.id, w.standbys) for w in workers if w.standbys)
+    return (membership, tuple(vacant), mine.mailbox if mine else -1, standbys)
 
 
 @attrs.define
@@ -112,6 +117,27 @@ def take_source(expected_owner: str, me: str) -> str:
     return "dead-owner" if expected_owner else "unowned"
 
 
+def promotion_kind(source: str) -> str:
+    """The promotions metric's label: a dead owner's shard is a failover, else a hand-off."""
+    return "failover" if source == "dead-owner" else "handoff"
+
+
+def handoff_answers(
+    requests: Sequence[HandoffRequest],
+    me: str,
+    runnable: Collection[str],
+    held: Collection[str],
+    answering: Collection[str],
+) -> list[HandoffRequest]:
+    """The make-before-break requests this worker answers now: naming it, for a shard it may
+    run and does not hold, not answered already. (The driver checks that it accepts.)"""
+    return [
+        r
+        for r in requests
+        if r.successor == me and r.id in runnable and r.id not in held and r.id not in answering
+    ]
+
+
 def handoff_takes(
     vacant: Sequence[VacantShard], me: str, runnable: Collection[str]
 ) -> list[VacantShard]:
@@ -125,7 +151,9 @@ __all__ = [
     "ScanSchedule",
     "accepting",
     "act_on_plan",
+    "handoff_answers",
     "handoff_takes",
+    "promotion_kind",
     "round_signature",
     "take_source",
     "warmed_up",

@@ -17,7 +17,7 @@ from supervisor.core.items import ShardItem
 from supervisor.core.runner_state import HeldShard
 
 # Config sections a reload does not apply: they take effect at the next start.
-RESTART_ONLY_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "sink", "log")
+RESTART_ONLY_SECTIONS = ("worker", "dynamodb", "lease", "supervisor", "standby", "sink", "log")
 
 
 @attrs.frozen
@@ -28,6 +28,8 @@ class ReloadDiff:
     added: tuple[str, ...] = ()  # registered in the table, then taken like any other
     removed: tuple[str, ...] = ()  # handed off by the next round (no longer runnable)
     changed: tuple[str, ...] = ()  # restarted: released to ourselves, taken at a new epoch
+    # Shards whose streams stay but whose ``standbys`` changed: applied without a restart.
+    restandby: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # sections that changed but apply at the next restart
 
     @property
@@ -46,7 +48,18 @@ def diff_reload(running: Config, shards: Mapping[str, ShardConfig], reloaded: Co
         shards=new,
         added=tuple(sorted(new.keys() - shards.keys())),
         removed=tuple(sorted(shards.keys() - new.keys())),
-        changed=tuple(sorted(sid for sid in new.keys() & shards.keys() if new[sid] != shards[sid])),
+        changed=tuple(
+            sorted(
+                sid for sid in new.keys() & shards.keys() if new[sid].streams != shards[sid].streams
+            )
+        ),
+        restandby=tuple(
+            sorted(
+                sid
+                for sid in new.keys() & shards.keys()
+                if new[sid].streams == shards[sid].streams and new[sid] != shards[sid]
+            )
+        ),
         ignored=ignored,
     )
 

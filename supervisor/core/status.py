@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config.model import Config
-from supervisor.core.items import Snapshot
+from supervisor.core.items import ShardItem, Snapshot
 
 
 def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[str, Any]:
@@ -19,6 +19,7 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
         if shard.owner:
             owned.setdefault(shard.owner, []).append(shard.id)
     workers = []
+    standing_by: dict[str, list[str]] = {}  # shard -> workers with a ready standby of it
     for w in snapshot.workers:
         age = max(0.0, wall_now - w.heartbeat_at)
         state = w.state
@@ -26,6 +27,9 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             state = "dead"
         elif state == "running" and w.drain_requested:
             state = "draining"  # requested; the worker confirms at its next heartbeat
+        standbys = sorted(w.standbys) if state not in ("dead", "stopped") else []
+        for shard_id in standbys:
+            standing_by.setdefault(shard_id, []).append(w.id)
         workers.append(
             {
                 "id": w.id,
@@ -35,6 +39,7 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
                 "host": w.host,
                 "pid": w.pid,
                 "shards": sorted(owned.get(w.id, [])),
+                "standbys": standbys,  # shards whose standby child is ready there
             }
         )
     shards = [
@@ -47,17 +52,18 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             "source": "table" if s.spec else "config",  # `shards add`, or [[shards]] in TOML
             # Streams silent past their timeout, as the owner last published (none unowned).
             "stale": list(s.stale) if s.owner else [],
+            "standbys": sorted(standing_by.get(s.id, [])),  # workers with a ready standby
         }
         for s in snapshot.shards
     ]
     return {"workers": workers, "shards": shards}
 
 
-def _shard_state(shard) -> str:
+def _shard_state(shard: ShardItem) -> str:
     if shard.retired_at:
         return "retired" if not shard.owner else "retiring"
-    if shard.owner and shard.release_requested:
-        return "handing-off"
+    if shard.owner and (shard.release_requested or shard.handoff_stage):
+        return "handing-off"  # asked to, or waiting for its successor's standby
     return shard.state or ("running" if shard.owner else "unowned")
 
 
@@ -66,10 +72,16 @@ def render_table(status: dict[str, Any]) -> str:
     for w in status["workers"]:
         shards = ",".join(w["shards"]) or "-"
         lines.append(f"{w['id']:<21} {w['state']:<9} {w['heartbeat_age_s']:>8.1f}s  {shards}")
-    lines += ["", "SHARD                 OWNER                 EPOCH  STATE      CHECKPOINT"]
+    lines += [
+        "",
+        "SHARD                 OWNER                 EPOCH  STATE      STANDBYS              "
+        "CHECKPOINT",
+    ]
     for s in status["shards"]:
         cp = " ".join(f"{k}={v}" for k, v in s["checkpoint"].items()) or "-"
         owner = s["owner"] or "-"
+        standbys = ",".join(s["standbys"]) or "-"
         stale = f"  stale: {','.join(s['stale'])}" if s.get("stale") else ""
-        lines.append(f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {cp}{stale}")
+        row = f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {standbys:<21}"
+        lines.append(f"{row} {cp}{stale}")
     return "\n".join(lines)

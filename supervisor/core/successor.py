@@ -7,16 +7,22 @@ shard waiting unowned until some peer has room (or bouncing back to us).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from supervisor.core.items import ShardItem
 
 
 def pick_successors(
-    releasing: Sequence[str], me: str, live_peers: Iterable[str], shards: Iterable[ShardItem]
+    releasing: Sequence[str],
+    me: str,
+    live_peers: Iterable[str],
+    shards: Iterable[ShardItem],
+    standbys: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, str]:
     """A successor per shard in ``releasing``, spreading them over the least-loaded peers.
-    Empty when there is no live peer (the shards are then simply released)."""
+    A peer that already runs a ready standby of the shard (``standbys``: shard -> peers) comes
+    first: the hand-off is then a promotion, no spawn, no connect. Empty when there is no
+    live peer (the shards are then simply released)."""
     load = {peer: 0 for peer in live_peers if peer != me}
     if not load:
         return {}
@@ -25,7 +31,8 @@ def pick_successors(
             load[item.owner] += 1
     chosen = {}
     for shard_id in sorted(releasing):
-        peer = min(load, key=lambda p: (load[p], p))
+        ready = [p for p in (standbys or {}).get(shard_id, ()) if p in load]
+        peer = min(ready or load, key=lambda p: (load[p], p))
         chosen[shard_id] = peer
         load[peer] += 1
     return chosen

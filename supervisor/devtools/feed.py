@@ -2,9 +2,16 @@
 
 ``ws://HOST:PORT/feed/<name>?after=N`` replays the kept history after N, then goes live.
 Each stream numbers its messages 1, 2, 3... and generates ``rate`` of them per second in
-ticks, so high rates work. Connections send straight from the shared history by index:
-a slow client costs no memory (it only falls behind, and skips to the oldest kept message
-once its position has been dropped).
+ticks, so high rates work.
+
+With ``live`` (``shardvisor feed --live``) it is a live-only feed, as most real ones are
+(exchanges, chat and telemetry gateways): a connection gets only the messages generated after
+it was accepted, whatever ``after`` it asks for; the numbering keeps counting, so a client
+sees what it missed as a jump of its sequence numbers.
+
+Connections send straight from the shared history by index: a slow client costs no memory
+(it only falls behind, and skips to the oldest kept message once its position has been
+dropped).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 TICK = 0.01  # seconds between generation ticks
 FEED_PREFIX = "/feed/"
 DROP_TIMEOUT = 1.0
+LIVE_HELP = "live-only: a client gets only what is generated after it connected (no replay)"
 
 
 class FeedStream:
@@ -94,8 +102,11 @@ class FeedServer:
         max_history: int = 1_000_000,
         stream_names: Iterable[str] = (),
         ssl_context: ssl.SSLContext | None = None,
+        *,
+        live: bool = False,
     ) -> None:
-        """``ssl_context``: serve wss:// with this server-side context (None: plain ws://)."""
+        """``ssl_context``: serve wss:// with this server-side context (None: plain ws://).
+        ``live``: no replay; a connection starts with the next message generated."""
         if rate <= 0:
             raise ValueError("rate must be > 0 messages/s")
         if max_history < 1:
@@ -105,6 +116,7 @@ class FeedServer:
         self.max_history = max_history
         self._initial = tuple(stream_names)
         self.ssl_context = ssl_context
+        self.live = live
         self._streams: dict[str, FeedStream] = {}
         self._connections: dict[WebSocketConnection, str] = {}
         self._nursery: trio.Nursery | None = None
@@ -180,6 +192,8 @@ class FeedServer:
             return
         stream = self.stream(name)
         ws = await request.accept()
+        if self.live:
+            after = stream.last_seq  # only what is generated from now on
         self._connections[ws] = name
         try:
             await self._send_from(ws, stream, after)
@@ -198,14 +212,18 @@ class FeedServer:
                 seq += 1
 
 
-async def run_feed(host: str, port: int, streams: int | list[str], rate: float) -> None:
+async def run_feed(
+    host: str, port: int, streams: int | list[str], rate: float, *, live: bool = False
+) -> None:
     """Run a feed until cancelled (``shardvisor feed``); streams N means "s1".."sN"."""
     names = [f"s{i}" for i in range(1, streams + 1)] if isinstance(streams, int) else streams
-    server = FeedServer(rate, stream_names=names)
+    server = FeedServer(rate, stream_names=names, live=live)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(server.serve, host, port)
+        kind = "live-only " if live else ""
         print(
-            f"feed listening on ws://{host}:{bound}/feed/<stream> (streams: {', '.join(names)})",
+            f"{kind}feed listening on ws://{host}:{bound}/feed/<stream>"
+            f" (streams: {', '.join(names)})",
             flush=True,
         )
 
@@ -219,10 +237,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--rate", type=float, default=100.0, help="messages/s per stream")
     parser.add_argument("--streams", default="", help="comma-separated stream names")
+    parser.add_argument("--live", action="store_true", help=LIVE_HELP)
     args = parser.parse_args(argv)
     names = [name for name in args.streams.split(",") if name]
     with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run_feed, args.host, args.port, names, args.rate)
+        trio.run(partial(run_feed, args.host, args.port, names, args.rate, live=args.live))
 
 
 if __name__ == "__main__":

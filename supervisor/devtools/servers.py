@@ -104,14 +104,16 @@ def start_dynamodb(kind: str) -> ServerProcess:
     return DYNAMODB_SERVERS[kind]()
 
 
-def start_feed(rate: float, streams: Sequence[str] = ()) -> ServerProcess:
+def start_feed(rate: float, streams: Sequence[str] = (), *, live: bool = False) -> ServerProcess:
     """The reference feed (``supervisor.devtools.feed``) in a process of its own; ``url`` is
-    its ``ws://127.0.0.1:PORT/feed`` base (a stream is ``{url}/<name>?after=N``)."""
+    its ``ws://127.0.0.1:PORT/feed`` base (a stream is ``{url}/<name>?after=N``). ``live``: a
+    live-only feed (no replay: ``after`` is ignored)."""
     return start_server(
         "feed",
         lambda port: [
             sys.executable, "-m", "supervisor.devtools.feed",
             "--port", str(port), "--rate", f"{rate:g}", "--streams", ",".join(streams),
+            *(["--live"] if live else []),
         ],
         url=lambda port: f"ws://127.0.0.1:{port}/feed",
     )  # fmt: skip

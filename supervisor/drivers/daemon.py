@@ -3,8 +3,9 @@
 Only this module (and the runners) read the clock or sleep. Each loop observes (the store, its
 runners, the clock), asks a pure core, and acts: ``core.planner`` and ``core.round_policy``
 (what a round takes, sheds, loses; when it scans), ``core.handoff`` (why a held shard leaves,
-to whom), ``core.shard_set`` (what may run; reloads), ``core.health`` (readiness, the host
-quarantine, status and metrics). One ``Supervisor`` per process.
+to whom) and ``core.make_before_break`` (how), ``core.shard_set`` (what may run; reloads),
+``core.health`` (readiness, the host quarantine, status and metrics). Standby runners and
+the successor's side of a hand-off are ``drivers.standbys``. One ``Supervisor`` per process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from shard_worker.contract.table import FEATURE_MBB
 from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import Response
 from supervisor.adapters.lease_store.base import (
@@ -36,13 +38,16 @@ from supervisor.adapters.spawn import Spawn, fresh_spawner
 from supervisor.config.loading import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
-from supervisor.core import handoff, health, round_policy, shard_set
+from supervisor.core import handoff, health, make_before_break, round_policy, shard_set
 from supervisor.core.handoff import LeaveReason
 from supervisor.core.health import SupervisorState
 from supervisor.core.items import Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import plan_round
+from supervisor.core.runner_state import RunnerState
+from supervisor.drivers.handoff import ShardWatch
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
+from supervisor.drivers.standbys import StandbyKeeper
 
 log = logging.getLogger("shardvisor.supervisor")
 
@@ -74,9 +79,21 @@ class Supervisor:
         self.metrics.watch(self.metrics_state)
         if hasattr(store, "observer"):
             store.observer = self.metrics.observe_store
+        self.watch = ShardWatch(store)  # the hand-offs' shard reads, batched
         self.ctx = RunnerContext(
-            config, worker_id, store, self.lease, spawn, now, self.session, self.metrics
+            config,
+            worker_id,
+            store,
+            self.lease,
+            spawn,
+            now,
+            self.session,
+            self.metrics,
+            wall,
+            self.watch,
         )
+        self.keeper = StandbyKeeper(self.ctx, self._start_standby)
+        self._advertised: tuple[str, ...] | None = None  # standbys our item shows
         self.heartbeat_problem: str | None = "no heartbeat yet"  # None: the last one landed
         # Held around each heartbeat write, and by the drain's retire: once our item says
         # "stopped", no heartbeat (sent a moment earlier, still in flight) overwrites it.
@@ -113,6 +130,7 @@ class Supervisor:
                 self._fast = True
                 for runner in list(self.runners.values()):
                     runner.request_stop(LeaveReason.FAST_SHUTDOWN, 0.0)
+                self.keeper.stop_all(LeaveReason.FAST_SHUTDOWN)
             return
         self._shutdown.set()
 
@@ -145,6 +163,8 @@ class Supervisor:
             self.runners[shard_id].request_stop(
                 LeaveReason.DEFINITION_CHANGED, self._stop_grace(), successor=self.worker_id
             )
+        # Standbys of changed shards hold the old streams: the next round starts them anew.
+        self.keeper.stop(diff.changed, LeaveReason.DEFINITION_CHANGED)
         self._scans.invalidate()  # removed shards are handed off by the next round
 
     # --- main ----------------------------------------------------------------------------------
@@ -164,6 +184,7 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
+            nursery.start_soon(self.watch.run)
             if self.config.lease.handoff_poll_interval > 0:
                 nursery.start_soon(self._handoff_poll_loop)
             if self.notifier.watchdog_interval:
@@ -209,6 +230,8 @@ class Supervisor:
             host=socket.gethostname(),
             pid=os.getpid(),
             max_shards=self.config.worker.max_shards,
+            max_standbys=self.config.worker.max_standbys,
+            features=frozenset({FEATURE_MBB}),
         )
         await self.store.register_worker(item)
         self._registered_at = sent
@@ -233,12 +256,17 @@ class Supervisor:
         state = health.heartbeat_state(
             shutting_down=self._shutdown.is_set(), operator_drain=self.operator_drain
         )
+        ready = self.keeper.ready()
+        standbys = ready if ready != self._advertised else None  # written only when changed
         try:
             async with self._heartbeat_lock:
                 if self._retired:
                     return
                 with trio.fail_after(self.config.lease.duration / 2):
-                    await self.store.heartbeat(self.worker_id, self.session, state, self.wall())
+                    await self.store.heartbeat(
+                        self.worker_id, self.session, state, self.wall(), standbys
+                    )
+                self._advertised = ready
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
@@ -328,6 +356,10 @@ class Supervisor:
         self._snapshot = snapshot
         self._scans.saw(self._signature(workers, vacant, now))
         self._apply_operator_requests(snapshot, now)
+        accepting = self._accepting(now)
+        priority = self.keeper.place(
+            snapshot, tracker=self.tracker, runnable=self._runnable, accepting=accepting, now=now
+        )
         active = {sid: r for sid, r in self.runners.items() if r.state.holds_lease}
         plan = plan_round(
             me=self.worker_id,
@@ -337,11 +369,13 @@ class Supervisor:
             configured=self._runnable,
             tracker=self.tracker,
             now=now,
-            accepting=self._accepting(now),
+            accepting=accepting,
             min_dwell=self.config.lease.duration,
             recently_shed=self.recently_shed,
             max_shards=self.config.worker.max_shards,
             peer_caps={w.id: w.max_shards for w in snapshot.workers},
+            standby_claims=priority.claims,
+            standby_waiting=priority.waiting,
         )
         warm = round_policy.warmed_up(now, self._registered_at, self.config.lease.duration)
         actions = round_policy.act_on_plan(
@@ -353,13 +387,15 @@ class Supervisor:
         for shard_id in actions.shed:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
-            self.runners[shard_id].request_stop(
-                LeaveReason.REBALANCE, self._stop_grace(), successor=successors.get(shard_id, "")
-            )
+            self._leave(shard_id, LeaveReason.REBALANCE, successors.get(shard_id, ""))
         for take in actions.take:
             if not self.lease.is_valid(self.now()):
                 break
             await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
+        items = {item.id: item for item in snapshot.shards}
+        self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
+        if self.config.lease.handoff_poll_interval == 0 and accepting:
+            await self._answer_handoff_requests()
         self.notifier.notify(status=self._status_line())
 
     def _accepting(self, now: float) -> bool:
@@ -368,6 +404,28 @@ class Supervisor:
             operator_drain=self.operator_drain,
             lease_valid=self.lease.is_valid(now),
         )
+
+    def _leave(
+        self, shard_id: str, why: LeaveReason, successor: str, *, budget: float | None = None
+    ) -> None:
+        """Ask a runner to hand its shard off gracefully: make-before-break where it applies
+        (``make_before_break.plan_handoff``: ``budget`` is what a SIGTERM's drain has left)."""
+        runner = self.runners[shard_id]
+        grace = 0.0 if self._fast else self._stop_grace()
+        workers = self._snapshot.workers if self._snapshot is not None else ()
+        features = next((w.features for w in workers if w.id == successor), frozenset())
+        plan = make_before_break.plan_handoff(
+            me=self.worker_id,
+            successor=successor,
+            streams=runner.shard.streams,
+            successor_features=features,
+            child_ready=runner.state is RunnerState.RUNNING,
+            fast=self._fast,
+            budget=budget,
+            handoff_timeout=self.config.lease.handoff_timeout,
+            stop_grace=grace,
+        )
+        runner.request_stop(why, grace, successor=successor, plan=plan)
 
     def _signature(self, workers, vacant, now: float) -> tuple[object, ...]:
         return round_policy.round_signature(
@@ -406,14 +464,43 @@ class Supervisor:
                 # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
                 if self._accepting(self.now()):
                     await self._take(shard.id, "", shard.epoch)
+            await self._answer_handoff_requests()
+
+    async def _answer_handoff_requests(self) -> None:
+        """Make-before-break requests naming us: each answered by its own task (the standby
+        may take a moment to connect), at most one per shard."""
+        try:
+            requests = await self.store.handoff_requests()
+        except StoreUnavailable as exc:
+            log.debug("hand-off requests not read: %s", exc)
+            return
+        answers = round_policy.handoff_answers(
+            requests, self.worker_id, self._runnable, self.runners, self.keeper.answering
+        )
+        assert self._nursery is not None
+        for request in answers:
+            if self._accepting(self.now()):
+                self.keeper.answering.add(request.id)
+                self._nursery.start_soon(
+                    self.keeper.answer,
+                    request,
+                    self._runnable,
+                    self._take_handed_off,
+                    lambda: self._accepting(self.now()),
+                )
+
+    async def _take_handed_off(self, shard_id: str, epoch: int) -> None:
+        await self._take(shard_id, "", epoch)
 
     def _successors(self, shard_ids: Sequence[str]) -> dict[str, str]:
+        snapshot = self._snapshot
         return handoff.successors(
             shard_ids,
             me=self.worker_id,
             tracker=self.tracker,
-            shards=self._snapshot.shards if self._snapshot is not None else None,
+            shards=snapshot.shards if snapshot is not None else None,
             now=self.now(),
+            workers=snapshot.workers if snapshot is not None else (),
         )
 
     def _apply_operator_requests(self, snapshot: Snapshot, now: float) -> None:
@@ -438,9 +525,7 @@ class Supervisor:
             log.info("handing off: %s", why, extra={"shard": shard_id})
             if why.cools_down:
                 self.recently_shed[shard_id] = now
-            self.runners[shard_id].request_stop(
-                why, self._stop_grace(), successor=successors.get(shard_id, "")
-            )
+            self._leave(shard_id, why, successors.get(shard_id, ""))
 
     async def _take(self, shard_id: str, expected_owner: str, expected_epoch: int) -> None:
         shard = self._runnable.get(shard_id)
@@ -457,7 +542,8 @@ class Supervisor:
         finally:
             self._taking.discard(shard_id)
         self._scans.invalidate()
-        self.metrics.takes.labels(round_policy.take_source(expected_owner, self.worker_id)).inc()
+        source = round_policy.take_source(expected_owner, self.worker_id)
+        self.metrics.takes.labels(source).inc()
         previous = expected_owner or "nobody"
         log.info(
             "took shard from %s at epoch %d",
@@ -465,19 +551,38 @@ class Supervisor:
             item.epoch,
             extra={"shard": shard_id, "epoch": item.epoch, "checkpoint": item.checkpoint},
         )
+        standby = self.keeper.promotable(shard_id)
+        if standby is not None:
+            # No spawn, no connect: the standby child writes its buffer after the checkpoint.
+            self.runners[shard_id] = standby
+            kind = round_policy.promotion_kind(source)
+            self.metrics.promotions.labels(kind).inc()
+            log.info(
+                "promoting the standby child (%s)",
+                kind,
+                extra={"shard": shard_id, "epoch": item.epoch, "checkpoint": item.checkpoint},
+            )
+            await standby.promote(item.epoch, dict(item.checkpoint), self.now())
+            return
         runner = ShardRunner(self.ctx, shard, item.epoch, dict(item.checkpoint), self.now())
         self.runners[shard_id] = runner
         assert self._nursery is not None
         self._nursery.start_soon(self._run_runner, runner)
 
+    def _start_standby(self, runner: ShardRunner) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_runner, runner)
+
     async def _run_runner(self, runner: ShardRunner) -> None:
+        """Owner and standby runners alike (a standby may be promoted while it runs)."""
         try:
             await runner.run()
         finally:
             self._scans.invalidate()
+            self.keeper.ended(runner, self.now())
             if self.runners.get(runner.shard_id) is runner:
                 del self.runners[runner.shard_id]
-            if runner.crash_looped:
+            if runner.crash_looped and not runner.is_standby:
                 # Released for another host to try; we keep our hands off it for a while.
                 self.recently_shed[runner.shard_id] = self.now()
                 self._note_quarantine()
@@ -506,19 +611,21 @@ class Supervisor:
         log.info("draining %d shards", len(self.runners))
         budget = self.config.supervisor.shutdown_timeout
         self.notifier.notify(stopping=1, status=self._status_line())
+        self.keeper.stop_all(LeaveReason.SHUTDOWN)
         successors = self._successors(list(self.runners))
-        for shard_id, runner in list(self.runners.items()):
-            runner.request_stop(
+        for shard_id in list(self.runners):
+            self._leave(
+                shard_id,
                 LeaveReason.SHUTDOWN,
-                0.0 if self._fast else self._stop_grace(),
-                successor=successors.get(shard_id, ""),
+                successors.get(shard_id, ""),
+                budget=handoff.drain_budget(budget),
             )
         with trio.move_on_after(handoff.drain_budget(budget)) as scope:
-            while self.runners:
+            while self.runners or self.keeper.runners:
                 left = budget - (self.now() - started)
                 self.notifier.notify(extend_timeout_usec=int(max(left, 1.0) * 1e6))
                 with trio.move_on_after(1.0):
-                    while self.runners:
+                    while self.runners or self.keeper.runners:
                         await trio.sleep(0.02)
         if scope.cancelled_caught:
             log.error("drain overran shutdown_timeout; %d shards left", len(self.runners))
@@ -557,19 +664,21 @@ class Supervisor:
 
     def metrics_state(self) -> dict:
         now = self.now()
-        return health.metrics_state(
+        state = health.metrics_state(
             runners=self.runners, lease_valid_for=self.lease.valid_until - now, now=now
         )
+        return {**state, "standbys": self.keeper.metrics_state()}
 
     # --- status --------------------------------------------------------------------------------
 
     def local_status(self) -> dict:
-        return health.local_status(
+        status = health.local_status(
             worker=self.worker_id,
             state=self.state,
             lease_valid_for=self.lease.valid_until - self.now(),
             runners=self.runners,
         )
+        return {**status, "standbys": self.keeper.local_status()}
 
 
 def _json(status: int, body: dict) -> Response:

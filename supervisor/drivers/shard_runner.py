@@ -2,8 +2,16 @@
 
 The runner owns exactly one lease (shard + epoch). Every store write it makes is conditional on
 that owner and epoch, so a runner that lost its lease can never overwrite the new owner's state.
-Its lifecycle (starting, running, backoff, stopping, lost, quarantined, stopped) is the table in
-``supervisor.core.runner_state``: the runner reports events, the table decides the state.
+Its lifecycle (starting, running, backoff, stopping, lost, quarantined, stopped, and those of
+issue 14) is the table in ``supervisor.core.runner_state``: the runner reports events, the
+table decides the state.
+
+A runner may also start as a *standby* (``ShardRunner.standby``): it holds no lease and its
+child, started in standby mode, connects and buffers, writing nothing; it is supervised like
+any child (restart, backoff, hang detection, crash loop). ``promote`` turns it into the owner
+runner of the lease just taken, in place. An owner that leaves make-before-break (a
+``HandoffPlan``) keeps its child writing until the successor's standby is ready, then stops it
+at the cut (``supervisor.drivers.handoff``).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import contextlib
 import logging
 import random
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +34,10 @@ from supervisor.adapters.metrics import Metrics
 from supervisor.adapters.spawn import ChildHandle, PipeClosed, Spawn, pump_output
 from supervisor.config.model import Config, ShardConfig
 from supervisor.core.lease import OwnLease
+from supervisor.core.make_before_break import Fallback, HandoffPlan, Mode, min_cut
 from supervisor.core.restart_policy import RestartPolicy
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
+from supervisor.drivers.handoff import ShardWatch, await_successor
 
 log = logging.getLogger("shardvisor.shard")
 
@@ -52,6 +63,8 @@ class RunnerContext:
     now: Callable[[], float]  # time.monotonic in production: fence deadlines cross processes
     session: str = ""  # the supervisor's, for the children's last will
     metrics: Metrics = attrs.field(factory=Metrics)
+    wall: Callable[[], float] = time.time  # wall clock for humans (the hand-off request)
+    watch: ShardWatch | None = None  # the shard reads of hand-offs (None: one read each)
 
 
 @attrs.frozen
@@ -68,14 +81,20 @@ class StopRequest:
 class ShardRunner:
     ctx: RunnerContext
     shard: ShardConfig
-    epoch: int
+    epoch: int  # a standby's: the one it expects its shard to be taken at (owner's + 1)
     checkpoint: dict[str, int]
     taken_at: float
     restarts: int = 0
     written: int = 0
+    is_standby: bool = False  # no lease: its child connects and buffers, writing nothing
     _lifecycle: RunnerLifecycle = attrs.field(factory=RunnerLifecycle)
     _leaving: trio.Event = attrs.field(factory=trio.Event)  # set once the state is leaving
+    _stopping: trio.Event = attrs.field(factory=trio.Event)  # set once the child is to stop
+    _handing_off: trio.Event = attrs.field(factory=trio.Event)  # make-before-break asked
+    _abort_handoff: trio.Event = attrs.field(factory=trio.Event)  # a fast stop cuts it short
     _stop: StopRequest | None = None
+    _min_cut: dict[str, int] = attrs.field(factory=dict)  # the stop's, after a hand-off
+    _mode: Mode | None = None  # how the shard leaves for a peer, once decided
     _child: ChildHandle | None = None
     _child_started: bool = False  # start sent: fences may follow (never before start)
     _stored: dict[str, int] = attrs.field(factory=dict)  # last checkpoint the table accepted
@@ -86,10 +105,31 @@ class ShardRunner:
     _stored_at: float = 0.0  # when the table last accepted our checkpoint (or the take)
     _counted: dict[str, dict[str, int]] = attrs.field(factory=dict)  # this child's, per stream
     _stale: tuple[str, ...] = ()  # the stale streams the table names (a take clears them)
+    _policy: RestartPolicy | None = None
+    _changed: trio.Event = attrs.field(factory=trio.Event)  # set (and replaced) on each change
+    # A standby's: its current child's first buffered sequence per stream, once it is ready.
+    first_seq: dict[str, int] = attrs.field(factory=dict)
+    standby_stats: p.StandbyStats | None = None
+    _dropped: int = 0  # this child's dropped records already counted in the metrics
+    _delay: float = 0.0  # the restart policy's last delay
 
     def __attrs_post_init__(self) -> None:
         self._stored = dict(self.checkpoint)
         self._stored_at = self.taken_at
+
+    @classmethod
+    def standby(
+        cls,
+        ctx: RunnerContext,
+        shard: ShardConfig,
+        epoch: int,
+        checkpoint: dict[str, int],
+        now: float,
+    ) -> ShardRunner:
+        """A standby runner: ``epoch`` is the one the shard would be taken at, ``checkpoint``
+        the owner's last (a replaying feed resumes the buffer from there)."""
+        lifecycle = RunnerLifecycle(RunnerState.STANDBY)
+        return cls(ctx, shard, epoch, dict(checkpoint), now, is_standby=True, lifecycle=lifecycle)
 
     def checkpoint_metrics(self, now: float) -> dict:
         """Checkpoint age, and per stream the records written beyond it (replayed on a crash)."""
@@ -116,18 +156,70 @@ class ShardRunner:
     def crash_looped(self) -> bool:
         return self._lifecycle.state is RunnerState.QUARANTINED
 
+    @property
+    def promotable(self) -> bool:
+        """A standby whose child has been started: it can become the owner child in place."""
+        child = self._child
+        return (
+            self.state in (RunnerState.STANDBY, RunnerState.STANDBY_READY)
+            and child is not None
+            and self._child_started
+            and child.returncode is None
+        )
+
     def _event(self, event: RunnerEvent) -> bool:
         """Apply ``event`` to the lifecycle; True if the state changed."""
         changed = self._lifecycle.process(event)
-        if self._lifecycle.state.leaving:
+        state = self._lifecycle.state
+        if changed:
+            self._changed.set()
+            self._changed = trio.Event()
+        if state.leaving:
             self._leaving.set()
+        if state.stops_child:
+            self._stopping.set()
+        if state is RunnerState.HANDING_OFF:
+            self._handing_off.set()
         return changed
 
-    def request_stop(self, reason: str, grace: float, *, successor: str = "") -> None:
-        """Graceful: Stop message, wait ``grace``, then SIGTERM, then SIGKILL; then release."""
+    def request_stop(
+        self, reason: str, grace: float, *, successor: str = "", plan: HandoffPlan | None = None
+    ) -> None:
+        """Graceful: Stop message, wait ``grace``, then SIGTERM, then SIGKILL; then release.
+        ``plan`` (``make_before_break.plan_handoff``) says whether the child first writes on
+        until the successor's standby is ready; a second, fast request cuts that short."""
+        plan = plan or HandoffPlan(None)
         request = StopRequest(reason, grace, successor, self.ctx.now())
-        if self._event(RunnerEvent.STOP_REQUESTED):
-            self._stop = request
+        if self.state is RunnerState.HANDING_OFF:
+            if grace == 0 and self._stop is not None:
+                self._stop = attrs.evolve(self._stop, grace=0.0)
+                self._abort_handoff.set()
+            return
+        mbb = plan.mode is Mode.MAKE_BEFORE_BREAK and self.state is RunnerState.RUNNING
+        event = RunnerEvent.HAND_OFF if mbb else RunnerEvent.STOP_REQUESTED
+        if not self._event(event):
+            return
+        self._stop = request
+        if mbb:
+            log.info(
+                "handing off make-before-break to %s: waiting for its standby",
+                successor,
+                extra=self._extra(),
+            )
+        elif plan.mode is not None:
+            self._fall_back(plan.fallback or Fallback.NOT_RUNNING)
+
+    def _fall_back(self, why: Fallback) -> None:
+        """Logged once and counted: this move to a peer is break-before-make."""
+        self._mode = Mode.BREAK_BEFORE_MAKE
+        self.ctx.metrics.handoff_fallbacks.labels(why.value).inc()
+        successor = self._stop.successor if self._stop is not None else ""
+        log.warning(
+            "hand-off to %s falls back to break-before-make: %s",
+            successor,
+            why.value,
+            extra=self._extra(reason=why.value),
+        )
 
     def lose(self, reason: str) -> None:
         """The lease is gone: kill the child at once and write nothing more."""
@@ -142,6 +234,7 @@ class ShardRunner:
         child = self._child
         if (
             child is not None
+            and not self.is_standby
             and self._child_started
             and child.returncode is None
             and self.state is not RunnerState.LOST
@@ -150,9 +243,33 @@ class ShardRunner:
             with contextlib.suppress(PipeClosed):
                 await child.send(p.Fence(deadline=deadline))
 
-    async def run(self) -> None:
+    async def promote(self, epoch: int, checkpoint: dict[str, int], now: float) -> None:
+        """The lease was just taken at ``epoch``: this standby's child becomes the owner child
+        in place (``promotable`` must hold). It writes its buffer after ``checkpoint``, then
+        goes on live. A child that died meanwhile is restarted as an owner child."""
+        self.is_standby, self.epoch, self.taken_at = False, epoch, now
+        self.checkpoint, self._stored, self._stored_at = dict(checkpoint), dict(checkpoint), now
+        self._policy = self._new_policy()  # a standby's crashes do not count against the lease
+        self._ready = False
+        self._event(RunnerEvent.PROMOTE)
+        child = self._child
+        assert child is not None
+        message = p.Promote(epoch, dict(checkpoint), self.ctx.lease.valid_until)
+        with contextlib.suppress(PipeClosed):
+            await child.send(message)
+
+    async def wait_standby_ready(self) -> dict[str, int] | None:
+        """A standby's first buffered sequences once its child is ready (through restarts);
+        None if it stops being a standby first."""
+        while self.state is not RunnerState.STANDBY_READY:
+            if not self.state.standing_by:
+                return None
+            await self._changed.wait()
+        return dict(self.first_seq)
+
+    def _new_policy(self) -> RestartPolicy:
         cfg = self.ctx.config.supervisor
-        policy = RestartPolicy(
+        return RestartPolicy(
             cfg.restart_backoff_initial,
             cfg.restart_backoff_max,
             cfg.restart_reset_after,
@@ -160,47 +277,77 @@ class ShardRunner:
             window=cfg.restart_window,
             rng=random.random,
         )
+
+    def _may_run(self) -> bool:
+        """Another child may start: not leaving, and a lease still valid (a standby needs
+        none: it writes nothing)."""
+        if self.state.leaving:
+            return False
+        return self.is_standby or self.ctx.lease.is_valid(self.ctx.now())
+
+    async def run(self) -> None:
+        self._policy = self._new_policy()
         try:
-            while not self.state.leaving and self.ctx.lease.is_valid(self.ctx.now()):
-                if self.state is RunnerState.BACKOFF:
+            while self._may_run():
+                if self.state.backing_off:
                     self._event(RunnerEvent.RESTART)
-                policy.child_started(self.ctx.now())
+                self._policy.child_started(self.ctx.now())
                 code = await self._run_child_once()
                 if self.state.leaving:
                     break
-                decision = policy.child_crashed(self.ctx.now())
-                self.restarts += 1
-                self.ctx.metrics.restarts.labels(restart_reason(code, self._exit_reason)).inc()
-                if decision.crash_loop:
-                    self.ctx.metrics.quarantines.inc()
-                    log.error(
-                        "crash loop: %d restarts within %ss; quarantining the shard",
-                        cfg.max_restarts,
-                        cfg.restart_window,
-                        extra=self._extra(code=code),
-                    )
-                    self._event(RunnerEvent.CRASH_LOOP)
+                if not self._child_crashed(code):
                     break
-                self._event(RunnerEvent.CHILD_EXITED)
-                log.warning(
-                    "child exited with %s (%s); restarting in %.3fs",
-                    code,
-                    self._exit_reason or describe_exit(code),
-                    decision.delay,
-                    extra=self._extra(),
-                )
-                with trio.move_on_after(decision.delay):
+                with trio.move_on_after(self._delay):
                     await self._leaving.wait()
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish()
 
+    def _child_crashed(self, code: int | None) -> bool:
+        """The restart policy's verdict; False: a crash loop (quarantined, or for a standby:
+        stopped, the owner untouched)."""
+        assert self._policy is not None
+        cfg = self.ctx.config.supervisor
+        decision = self._policy.child_crashed(self.ctx.now())
+        self.restarts += 1
+        self.ctx.metrics.restarts.labels(restart_reason(code, self._exit_reason)).inc()
+        if decision.crash_loop:
+            what = "stopping this standby" if self.is_standby else "quarantining the shard"
+            if not self.is_standby:
+                self.ctx.metrics.quarantines.inc()
+            log.error(
+                "crash loop: %d restarts within %ss; %s",
+                cfg.max_restarts,
+                cfg.restart_window,
+                what,
+                extra=self._extra(code=code),
+            )
+            self._event(RunnerEvent.CRASH_LOOP)
+            return False
+        self._event(RunnerEvent.CHILD_EXITED)
+        log.warning(
+            "%s exited with %s (%s); restarting in %.3fs",
+            "standby child" if self.is_standby else "child",
+            code,
+            self._exit_reason or describe_exit(code),
+            decision.delay,
+            extra=self._extra(),
+        )
+        self._delay = decision.delay
+        return True
+
     async def _finish(self) -> None:
         if self.state is RunnerState.LOST:
             return  # nothing more is written: the lease belongs to someone else
+        if self.is_standby:
+            self._event(RunnerEvent.RELEASED)  # a standby holds nothing to release
+            log.info("standby stopped (%s)", self.state.value, extra=self._extra())
+            return
         quarantined = self.crash_looped
         stop = self._stop
         successor = stop.successor if stop is not None and not quarantined else ""
+        if self.state is RunnerState.HANDING_OFF:
+            self._fall_back(Fallback.CHILD_EXITED)  # released as it stands, no cut
         with trio.move_on_after(RELEASE_TIMEOUT) as scope:
             await self._release_lease(quarantined, successor)
         if scope.cancelled_caught:
@@ -212,15 +359,25 @@ class ShardRunner:
         self.ctx.metrics.releases.labels(reason).inc()
         if stop is not None and not quarantined:
             self.ctx.metrics.handoff.observe(handover)
+        mode = self._handoff_mode(successor)
         log.info(
-            "%s: handed over in %.3fs (held %.1fs, reason %s, successor %s)",
+            "%s: handed over in %.3fs (held %.1fs, reason %s, successor %s%s)",
             "quarantined" if quarantined else "released",
             handover,
             now - self.taken_at,
             reason,
             successor or "any",
+            f", {mode.value}" if mode is not None else "",
             extra=self._extra(checkpoint=self.checkpoint),
         )
+
+    def _handoff_mode(self, successor: str) -> Mode | None:
+        """A release to a peer is a hand-off: counted by how it went (None: not one)."""
+        if not successor or successor == self.ctx.worker_id:
+            return None
+        mode = self._mode or Mode.BREAK_BEFORE_MAKE
+        self.ctx.metrics.handoffs.labels(mode.value).inc()
+        return mode
 
     async def _release_lease(self, quarantined: bool, successor: str) -> None:
         while True:
@@ -246,12 +403,14 @@ class ShardRunner:
         self._child, self._child_started = child, False
         self._ready, self._exit_reason = False, ""
         self._counted = {}  # a new child counts from zero
+        self.first_seq, self.standby_stats, self._dropped = {}, None, 0
         try:
             async with trio.open_nursery() as nursery:
                 for name, stream in outputs:
                     nursery.start_soon(pump_output, self.shard_id, child.pid, name, stream)
                 nursery.start_soon(self._stop_watcher, child)
                 nursery.start_soon(self._hang_watcher, child)
+                nursery.start_soon(self._handoff_watcher)
                 try:
                     await self._converse(child)
                 except (
@@ -303,7 +462,10 @@ class ShardRunner:
             # Kinesis and SQS clients need a region; "" = the table's.
             region=cfg.sink.region or cfg.dynamodb.region,
         )
+        standby = cfg.standby
         return p.Start(
+            mode=p.STANDBY if self.is_standby else p.ACTIVE,
+            standby=p.StandbySettings(buffer=standby.buffer, max_bytes=standby.max_buffer_bytes),
             shard=self.shard_id,
             epoch=self.epoch,
             worker=self.ctx.worker_id,
@@ -332,7 +494,14 @@ class ShardRunner:
         if isinstance(msg, p.Heartbeat):
             self.progress = msg
             self._count_streams(msg.streams)
-            await self._publish_stale(msg)
+            if msg.standby is not None:
+                self._count_standby(msg.standby)
+            elif not self.is_standby:  # (a standby holds no lease: nothing to publish)
+                await self._publish_stale(msg)
+        elif isinstance(msg, p.StandbyReady):
+            self._ready, self.first_seq = True, dict(msg.first_seq)
+            self._event(RunnerEvent.STANDBY_READY)
+            log.info("standby ready", extra=self._extra(first_seq=self.first_seq))
         elif isinstance(msg, p.Ready):
             self._ready = True
             self._event(RunnerEvent.CHILD_READY)
@@ -357,6 +526,15 @@ class ShardRunner:
             deltas[stream] = {k: v - before.get(k, 0) for k, v in counts.items()}
             self._counted[stream] = dict(counts)
         self.ctx.metrics.add_stream_counts(self.shard_id, deltas)
+
+    def _count_standby(self, stats: p.StandbyStats) -> None:
+        """A standby child's buffer, for the gauges; its dropped records, for the counter."""
+        self.standby_stats = stats
+        if stats.dropped > self._dropped:
+            self.ctx.metrics.standby_dropped.labels(self.shard_id).inc(
+                stats.dropped - self._dropped
+            )
+            self._dropped = stats.dropped
 
     async def _write_checkpoint(self, checkpoint: dict[str, int]) -> None:
         """The child reports only what its sink flushed, so storing it never runs ahead."""
@@ -408,15 +586,48 @@ class ShardRunner:
         self._exit_reason = "hang"
         child.signal(signal.SIGKILL)
 
+    async def _handoff_watcher(self) -> None:
+        """Make-before-break, the owner's side: once asked, wait for the successor's standby
+        (``handoff.await_successor``), then let the stop go out, at the cut if it came."""
+        await self._handing_off.wait()
+        stop = self._stop
+        assert stop is not None
+        watch = self.ctx.watch
+        outcome = await await_successor(
+            self.ctx.store,
+            watch.read if watch is not None else self.ctx.store.read_shard,
+            shard=self.shard_id,
+            me=self.ctx.worker_id,
+            epoch=self.epoch,
+            successor=stop.successor,
+            timeout=self.ctx.config.lease.handoff_timeout,
+            wall=self.ctx.wall,
+            abort=self._abort_handoff,
+        )
+        if outcome.lost:
+            self.lose("the table shows another owner or epoch (during a hand-off)")
+        elif outcome.first is not None:
+            self._min_cut, self._mode = min_cut(outcome.first), Mode.MAKE_BEFORE_BREAK
+            log.info(
+                "successor %s ready: stopping at the cut",
+                stop.successor,
+                extra=self._extra(min_cut=self._min_cut),
+            )
+            self._event(RunnerEvent.SUCCESSOR_READY)
+        else:
+            self._fall_back(outcome.fallback or Fallback.TIMEOUT)
+            self._event(RunnerEvent.HANDOFF_FALLBACK)
+
     async def _stop_watcher(self, child: ChildHandle) -> None:
-        await self._leaving.wait()
+        await self._stopping.wait()
         stop = self._stop
         if self.state is RunnerState.LOST or stop is None:
             child.signal(signal.SIGKILL)
             return
         grace = stop.grace
+        message = p.Stop(stop.reason, self.ctx.now() + grace, min_cut=dict(self._min_cut))
         try:
-            await child.send(p.Stop(reason=stop.reason, deadline=self.ctx.now() + grace))
+            await child.send(message)
         except PipeClosed:
             return
         await trio.sleep(grace)

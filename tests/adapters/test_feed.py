@@ -1,16 +1,20 @@
-"""The reference feed: numbering, replay after N, live delivery, 404s and dropped connections."""
+"""The reference feed: numbering, replay after N, live delivery, live-only mode, 404s, drops."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from supervisor.devtools.feed import FeedServer, run_feed
+from supervisor.devtools.fleet import Fleet
 from supervisor.devtools.servers import start_feed
 
 
@@ -163,3 +167,91 @@ async def test_the_feed_as_a_process_of_its_own_serves_and_stops() -> None:
     finally:
         server.stop()
     assert server.proc.returncode is not None
+
+
+# --- the live-only feed ---------------------------------------------------------------------
+
+
+@pytest.fixture
+async def live_feed(nursery: trio.Nursery) -> AsyncIterator[tuple[FeedServer, str]]:
+    server = FeedServer(rate=2000, max_history=10_000, stream_names=["s1"], live=True)
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    await wait_until(lambda: server.last_seq("s1") >= 200)
+    yield server, f"ws://127.0.0.1:{port}/feed"
+
+
+@pytest.mark.parametrize("after", ["", "?after=0", "?after=40", "?after=999999999"])
+async def test_a_live_client_gets_only_what_is_generated_after_it_connected(
+    live_feed: tuple[FeedServer, str], after: str
+) -> None:
+    server, url = live_feed
+    before = server.last_seq("s1")
+    with trio.fail_after(5):
+        async with open_websocket_url(f"{url}/s1{after}") as ws:
+            connected = server.last_seq("s1")  # (the handler accepted us meanwhile)
+            seqs = [json.loads(await ws.get_message())["seq"] for _ in range(100)]
+    # Nothing from before the connection, whatever was asked; the numbering keeps counting.
+    assert before < seqs[0] <= connected + 1
+    assert seqs == list(range(seqs[0], seqs[0] + 100))
+
+
+async def test_a_second_live_client_connecting_later_starts_later(
+    live_feed: tuple[FeedServer, str],
+) -> None:
+    server, url = live_feed
+    with trio.fail_after(5):
+        async with open_websocket_url(f"{url}/s1?after=0") as first:
+            early = [json.loads(await first.get_message())["seq"] for _ in range(10)]
+            await wait_until(lambda: server.last_seq("s1") >= early[-1] + 100)
+            async with open_websocket_url(f"{url}/s1?after=0") as second:
+                late = json.loads(await second.get_message())["seq"]
+                # The first client goes on where it was: each connection has its own position.
+                assert json.loads(await first.get_message())["seq"] == early[-1] + 1
+    assert late > early[-1] + 100
+
+
+async def test_a_live_client_that_reconnects_sees_the_outage_as_a_jump(
+    live_feed: tuple[FeedServer, str],
+) -> None:
+    server, url = live_feed
+    first = await receive(f"{url}/s1", 5)
+    last = first[-1]["seq"]
+    await wait_until(lambda: server.last_seq("s1") >= last + 50)
+    again = await receive(f"{url}/s1?after={last}", 5)
+    assert again[0]["seq"] > last + 50  # what no one was connected for is gone
+
+
+async def test_the_live_feed_as_a_process_of_its_own() -> None:
+    server = await trio.to_thread.run_sync(partial(start_feed, 500.0, ["p1"], live=True))
+    try:
+        first = await receive(f"{server.url}/p1?after=0", 3)
+        assert first[0]["seq"] > 1  # started before we connected: no replay from 1
+        assert [m["seq"] for m in first] == list(range(first[0]["seq"], first[0]["seq"] + 3))
+    finally:
+        server.stop()
+
+
+async def test_run_feed_live_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(run_feed, "127.0.0.1", 0, 1, 100.0, live=True))
+            while "feed listening" not in (out := capsys.readouterr().out):
+                await trio.sleep(0.01)
+            assert out.startswith("live-only feed listening on ws://127.0.0.1:")
+            nursery.cancel_scope.cancel()
+
+
+def test_shardvisor_feed_takes_live() -> None:
+    from supervisor.cli import _parser
+
+    assert _parser().parse_args(["feed", "--live"]).live is True
+    assert _parser().parse_args(["feed"]).live is False
+
+
+def test_a_fleet_on_a_live_feed_asks_no_position(tmp_path: Path) -> None:
+    """``Fleet(live_feed=True)``: the stream URLs a live-only feed gets carry no ``after``."""
+    shards = {"s1": ["s1-a"]}
+    replaying = Fleet(tmp_path, "http://ddb", "t", "ws://127.0.0.1:1/feed", shards)
+    live = attrs.evolve(replaying, live_feed=True)
+    assert 'url = "ws://127.0.0.1:1/feed/s1-a?after={after}"' in replaying.config_text("w1")
+    assert 'url = "ws://127.0.0.1:1/feed/s1-a"\n' in live.config_text("w1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import attrs
 import boto3
 import pytest
 import trio
@@ -24,7 +25,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
-from supervisor.core.items import ShardItem, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
 
 REGION = "us-east-1"
 RACE_ROUNDS = 20
@@ -449,3 +450,130 @@ async def test_a_table_from_an_earlier_version_gets_the_roster_index(
     assert await store.ensure_table(create=True) is False  # not created: the index was added
     await store.ensure_shard("a")
     assert [v.id for v in await store.vacant_shards()] == ["a"]
+
+
+# --- warm standbys and make-before-break hand-offs (issue 14) ------------------------------
+
+
+async def test_a_worker_advertises_its_features_and_standby_cap(store: LeaseStore) -> None:
+    me = attrs.evolve(worker(), max_standbys=3, features=frozenset({"mbb"}))
+    await store.register_worker(me)
+    (stored,) = await store.read_workers()
+    assert (stored.max_standbys, stored.features, stored.standbys) == (3, {"mbb"}, ())
+    await store.register_worker(worker("old", session="o"))  # an older version: none
+    assert [(w.id, w.features) for w in await store.read_workers()] == [
+        ("old", frozenset()),
+        ("w1", frozenset({"mbb"})),
+    ]
+
+
+async def test_a_heartbeat_writes_the_standbys_only_when_given(store: LeaseStore) -> None:
+    await store.register_worker(worker())
+    await store.heartbeat("w1", "s1", "running", 1.0, standbys=("b", "a"))
+    assert (await store.read_workers())[0].standbys == ("a", "b")
+    await store.heartbeat("w1", "s1", "running", 2.0)  # unchanged: not written, kept
+    assert (await store.read_workers())[0].standbys == ("a", "b")
+    await store.heartbeat("w1", "s1", "running", 3.0, standbys=())
+    assert (await store.read_workers())[0].standbys == ()
+    await store.heartbeat("w1", "s1", "running", 4.0, standbys=("c",))
+    await store.retire_worker("w1", "s1", 5.0)  # a clean exit runs no standby any more
+    (stored,) = (await store.snapshot()).workers
+    assert (stored.state, stored.standbys) == ("stopped", ())
+
+
+async def test_read_shard_is_the_item_or_none(store: LeaseStore) -> None:
+    assert await store.read_shard("a") is None
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.checkpoint("a", "w1", 1, {"x": 4})
+    assert await store.read_shard("a") == await stored_shard(store, "a")
+    assert (await store.read_shard("a")).checkpoint == {"x": 4}
+
+
+async def test_a_hand_off_request_is_fenced_and_listed_for_the_successor(
+    store: LeaseStore,
+) -> None:
+    await store.ensure_shard("a")
+    await store.ensure_shard("b")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.take("b", "w1", "", 0, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.request_handoff("a", "w2", 1, "w3", 2.0)  # not the owner
+    with pytest.raises(LeaseConflict):
+        await store.request_handoff("a", "w1", 2, "w3", 2.0)  # not its epoch
+    assert await store.handoff_requests() == ()
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    assert await store.handoff_requests() == (HandoffRequest("a", 1, "w2"),)
+    item = await store.read_shard("a")
+    assert (item.owner, item.successor, item.handoff_stage) == ("w1", "w2", "requested")
+    assert [v.id for v in await store.vacant_shards()] == []  # owned: not vacant
+    await store.checkpoint("a", "w1", 1, {"x": 9})  # the owner's child keeps writing
+    assert (await store.read_shard("a")).handoff_stage == "requested"
+
+
+async def test_only_the_named_successor_answers_a_pending_request(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.handoff_ready("a", 1, "w2", {"x": 5})  # nothing requested
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    with pytest.raises(LeaseConflict):
+        await store.handoff_ready("a", 1, "w3", {"x": 5})  # not the one asked
+    with pytest.raises(LeaseConflict):
+        await store.handoff_ready("a", 0, "w2", {"x": 5})  # another epoch
+    await store.handoff_ready("a", 1, "w2", {"x": 5, "y": 1})
+    item = await store.read_shard("a")
+    assert (item.handoff_stage, item.handoff_first) == ("ready", {"x": 5, "y": 1})
+    with pytest.raises(LeaseConflict):
+        await store.handoff_ready("a", 1, "w2", {"x": 6})  # answered once
+
+
+async def test_a_cancelled_request_is_gone_and_cannot_be_answered(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    with pytest.raises(LeaseConflict):
+        await store.cancel_handoff("a", "w2", 1)  # only the owner withdraws it
+    await store.cancel_handoff("a", "w1", 1)
+    item = await store.read_shard("a")
+    assert (item.owner, item.successor, item.handoff_stage) == ("w1", "", "")
+    assert await store.handoff_requests() == ()
+    with pytest.raises(LeaseConflict):
+        await store.handoff_ready("a", 1, "w2", {"x": 5})
+
+
+async def test_the_release_and_the_take_end_a_hand_off(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    await store.handoff_ready("a", 1, "w2", {"x": 5})
+    await store.release("a", "w1", 1, {"x": 4}, successor="w2")
+    released = await store.read_shard("a")
+    assert (released.owner, released.successor, released.checkpoint) == ("", "w2", {"x": 4})
+    assert (released.handoff_stage, released.handoff_first) == ("", {})
+    assert await store.handoff_requests() == ()
+    assert await store.vacant_shards() == (VacantShard("a", 1, "w2"),)
+    taken = await store.take("a", "w2", "", 1, 3.0)
+    assert (taken.owner, taken.epoch, taken.checkpoint, taken.successor) == ("w2", 2, {"x": 4}, "")
+    # A dead owner's pending request ends with the take of its shard.
+    await store.request_handoff("a", "w2", 2, "w3", 4.0)
+    await store.handoff_ready("a", 2, "w3", {"x": 7})
+    taken = await store.take("a", "w4", "w2", 2, 5.0)
+    assert (taken.successor, taken.handoff_stage, taken.handoff_first) == ("", "", {})
+    assert await store.handoff_requests() == ()
+
+
+async def test_read_shards_reads_many_at_once_and_leaves_out_the_missing(store: LeaseStore) -> None:
+    for shard_id in ("a", "b", "c"):
+        await store.ensure_shard(shard_id)
+    await store.take("b", "w1", "", 0, 1.0)
+    await store.request_handoff("b", "w1", 1, "w2", 2.0)
+    found = await store.read_shards(["b", "a", "missing", "b"])
+    assert sorted(found) == ["a", "b"]
+    assert found["b"] == await store.read_shard("b")
+    assert (found["b"].owner, found["b"].handoff_stage) == ("w1", "requested")
+    assert await store.read_shards([]) == {}
+    many = [f"m{i:03d}" for i in range(130)]  # more than one BatchGetItem holds
+    for shard_id in many:
+        await store.ensure_shard(shard_id)
+    assert sorted(await store.read_shards(many)) == many

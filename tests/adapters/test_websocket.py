@@ -14,6 +14,7 @@ from functools import partial
 import pytest
 import trio
 import trustme
+from helpers.waiting import wait_until
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request
@@ -102,8 +103,7 @@ async def test_connects_with_headers_and_passes_text_and_binary_both_ways(
             assert await connection.receive() == '{"seq":1}'
             assert await connection.receive() == b"\x00\xff"
             await connection.close(4000)
-        while "closed" not in seen:
-            await trio.sleep(0.01)
+        await wait_until(lambda: "closed" in seen)
     assert seen["headers"][b"x-token"] == b"t0k3n"  # type: ignore[index]
     assert seen["path"] == "/feed?after=3"
     assert seen["subscribe"] == "subscribe"
@@ -141,9 +141,7 @@ async def test_a_message_over_the_limit_is_our_too_large_error(
     assert (error.code, error.limit) == (1009, 1024)
     assert str(error) == "code 1009 MESSAGE_TOO_BIG (Exceeded maximum message size: 1024 bytes)"
     assert error.__cause__ is not None  # the library's own error, chained
-    with trio.fail_after(5):
-        while not codes:
-            await trio.sleep(0.01)
+    await wait_until(lambda: codes)
     assert codes == [1009]  # we closed it, with 1009
 
 

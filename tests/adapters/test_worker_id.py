@@ -7,9 +7,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from supervisor.adapters.worker_id import ECS_METADATA_ENV, resolve_worker_id, sanitize
+from supervisor.adapters.worker_id import (
+    ECS_METADATA_ENV,
+    POD_NAME_ENV,
+    resolve_worker_id,
+    sanitize,
+)
 
 TASK = {"TaskARN": "arn:aws:ecs:us-east-1:123:task/cluster/abc123", "Family": "shardvisor"}
+POD = "shardvisor-6d5f7c9b8-x2k4q"  # a Deployment's pod name: <deployment>-<hash>-<suffix>
 
 
 class MetadataHandler(BaseHTTPRequestHandler):
@@ -154,3 +160,44 @@ def test_ecs_task_id_is_sanitized() -> None:
 
 def test_sanitize_keeps_the_worker_id_alphabet() -> None:
     assert sanitize("Az09_.:-") == "Az09_.:-"
+
+
+# --- Kubernetes: the pod name from the downward API -------------------------------------------
+
+
+def test_pod_name_without_ecs() -> None:
+    assert resolve(environ={POD_NAME_ENV: POD}) == POD
+
+
+def test_configured_id_beats_the_pod_name() -> None:
+    assert resolve("worker-7", {POD_NAME_ENV: POD}) == "worker-7"
+
+
+def test_ecs_task_id_beats_the_pod_name() -> None:
+    def fetch(url: str) -> bytes:
+        return json.dumps(TASK).encode()
+
+    env = {ECS_METADATA_ENV: "http://169.254.170.2/v4/x", POD_NAME_ENV: POD}
+    assert resolve(environ=env, fetch=fetch) == "abc123"
+
+
+def test_failing_ecs_endpoint_falls_back_to_the_pod_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def fetch(url: str) -> bytes:
+        raise OSError("connection refused")
+
+    env = {ECS_METADATA_ENV: "http://169.254.170.2/v4/x", POD_NAME_ENV: POD}
+    with caplog.at_level(logging.WARNING, logger="shardvisor.worker_id"):
+        assert resolve(environ=env, fetch=fetch) == POD
+    [record] = caplog.records
+    assert POD_NAME_ENV in record.getMessage()
+
+
+@pytest.mark.parametrize("pod_name", ["", "   "])
+def test_empty_pod_name_is_ignored(pod_name: str) -> None:
+    assert resolve(environ={POD_NAME_ENV: pod_name}) == "host-1-4242"
+
+
+def test_pod_name_is_sanitized() -> None:
+    assert resolve(environ={POD_NAME_ENV: "pod name/1"}) == "pod-name-1"

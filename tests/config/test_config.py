@@ -429,7 +429,7 @@ def test_duplicate_stream_id_across_shards_names_both_positions_and_why() -> Non
 def test_unknown_keys_in_shards_and_streams() -> None:
     text = SHARD.replace('id = "s1"', 'id = "s1"\nname = "x"') + 'sequnce = "seq"'
     assert problems_of(text) == [
-        "shards[0].name: unknown key (known keys: id, streams)",
+        "shards[0].name: unknown key (known keys: id, streams, standbys)",
         "shards[0].streams[0].sequnce: unknown key (did you mean 'sequence'?)",
     ]
 

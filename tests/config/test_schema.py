@@ -47,7 +47,7 @@ def test_every_field_is_a_key_with_exactly_one_check() -> None:
     assert list(SECTIONS["sink"].keys) == [n for n in names(SinkSpec) if n != "dead_letter"]
     assert list(SINK_KEYS) == list(SECTIONS["sink"].keys)
     assert list(STREAM_KEYS) == list(STREAM.keys) == STREAM.known == names(StreamSpec)
-    assert (list(SHARD.keys), SHARD.known) == (["id"], names(ShardConfig))
+    assert (list(SHARD.keys), SHARD.known) == (["id", "standbys"], names(ShardConfig))
     for table in (*SECTIONS.values(), SHARD, STREAM):
         for key in table.keys.values():
             assert callable(key.check), (table.model, key.name)

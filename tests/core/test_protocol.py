@@ -14,15 +14,21 @@ from hypothesis import strategies as st
 
 from shard_worker.contract.pipe import (
     MAX_LINE_BYTES,
+    STANDBY,
     Checkpoint,
     Decoder,
     Error,
     Fence,
+    Heartbeat,
     Hello,
     Message,
+    Promote,
     ProtocolError,
     Ready,
     SinkSpec,
+    StandbyReady,
+    StandbySettings,
+    StandbyStats,
     Start,
     Stop,
     Stopped,
@@ -54,6 +60,20 @@ EVERY_MESSAGE: list[Message] = [
     Stopped(checkpoint={"a": 5}, written=5, reason="rebalance"),
     Error(message="boom \u00e9\n", fatal=True),
     Error(message="just saying"),
+    attrs.evolve(START, mode=STANDBY, standby=StandbySettings(buffer=12.5, max_bytes=4096)),
+    Stop(reason="handoff", deadline=3.5, min_cut={"a": 41, "b": 7}),
+    Promote(epoch=8, checkpoint={"a": 41}, fence_deadline=200.5),
+    StandbyReady(first_seq={"a": 42}),
+    StandbyReady(first_seq={}),
+    Heartbeat(written=3, last_seq={"a": 3}, loop_lag=0.001, streams={"a": {"received": 3}}),
+    Heartbeat(
+        written=0,
+        last_seq={},
+        loop_lag=0.0,
+        standby=StandbyStats(
+            buffered=5, bytes=500, dropped=2, first_seq={"a": 40}, connected=("a", "b")
+        ),
+    ),
 ]
 
 
@@ -180,3 +200,69 @@ def test_every_sink_field_round_trips_and_an_older_start_still_decodes() -> None
     assert isinstance(decoded, Start)
     assert decoded.sink == SinkSpec(path="out/{stream}.{epoch}.jsonl")
     assert decoded.sink.on_failure == "dead_letter" and decoded.sink.rotate_bytes == 0
+
+
+def line_of(message: Message) -> dict[str, object]:
+    return json.loads(encode(message))
+
+
+def test_an_owner_child_s_messages_carry_no_standby_field() -> None:
+    """The fields added for standbys are left out at their default: an owner child's traffic
+    is what it was, and an older peer reads it."""
+    assert "mode" not in line_of(START) and "standby" not in line_of(START)
+    assert "min_cut" not in line_of(Stop(reason="x", deadline=1.0))
+    heartbeat = Heartbeat(written=1, last_seq={}, loop_lag=0.0)
+    assert "standby" not in line_of(heartbeat)
+    standby = attrs.evolve(START, mode=STANDBY, standby=StandbySettings(quiet=0.5))
+    assert line_of(standby)["mode"] == "standby"
+    assert line_of(standby)["standby"] == {"buffer": 30.0, "max_bytes": 67108864, "quiet": 0.5}
+
+
+def test_messages_of_an_older_peer_decode_with_the_defaults() -> None:
+    """A start, stop and heartbeat as a peer from before standbys writes them."""
+    start = line_of(START)
+    start.pop("mode", None)
+    start.pop("standby", None)
+    [decoded] = decode_all(json.dumps(start).encode() + b"\n")
+    assert isinstance(decoded, Start)
+    assert decoded.mode == "active" and decoded.standby == StandbySettings()
+    [stop] = decode_all(b'{"type":"stop","reason":"shutdown","deadline":5.0}\n')
+    assert stop == Stop(reason="shutdown", deadline=5.0, min_cut={})
+    old_heartbeat = b'{"type":"heartbeat","written":4,"last_seq":{"a":4},"loop_lag":0.0}\n'
+    [heartbeat] = decode_all(old_heartbeat)
+    assert isinstance(heartbeat, Heartbeat) and heartbeat.standby is None
+
+
+def test_partial_standby_settings_and_stats_take_the_defaults() -> None:
+    start = line_of(attrs.evolve(START, mode=STANDBY))
+    start["standby"] = {"buffer": 5}
+    [decoded] = decode_all(json.dumps(start).encode() + b"\n")
+    assert isinstance(decoded, Start)
+    assert decoded.standby == StandbySettings(buffer=5, max_bytes=67108864, quiet=1.0)
+    line = b'{"type":"heartbeat","written":0,"last_seq":{},"loop_lag":0,"standby":{"buffered":2}}\n'
+    [heartbeat] = decode_all(line)
+    assert isinstance(heartbeat, Heartbeat)
+    assert heartbeat.standby == StandbyStats(buffered=2)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type":"promote","epoch":2,"checkpoint":{"a":"x"},"fence_deadline":1}\n',
+        b'{"type":"promote","epoch":2,"fence_deadline":1}\n',
+        b'{"type":"standby_ready"}\n',
+        b'{"type":"stop","reason":"r","deadline":1,"min_cut":{"a":"n"}}\n',
+        b'{"type":"heartbeat","written":0,"last_seq":{},"loop_lag":0,"standby":{"x":1}}\n',
+        b'{"type":"heartbeat","written":0,"last_seq":{},"loop_lag":0,"standby":{"connected":"a"}}\n',
+    ],
+)
+def test_bad_standby_messages_are_errors(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_all(line)
+
+
+def test_an_unknown_mode_is_an_error() -> None:
+    start = line_of(START)
+    start["mode"] = "passive"
+    with pytest.raises(ProtocolError, match="mode"):
+        decode_all(json.dumps(start).encode() + b"\n")

@@ -3,16 +3,19 @@ and the hand-off poll's filter. Exact values, no clock but the ``now`` passed in
 
 from __future__ import annotations
 
+import attrs
 from helpers.fake_runner import FakeRunner as Runner
 
-from supervisor.core.items import VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.round_policy import (
     RoundActions,
     ScanSchedule,
     accepting,
     act_on_plan,
+    handoff_answers,
     handoff_takes,
+    promotion_kind,
     round_signature,
     take_source,
     warmed_up,
@@ -37,8 +40,10 @@ def test_accepting_needs_no_shutdown_no_drain_and_a_valid_lease():
 def test_the_signature_is_membership_vacant_shards_and_our_mailbox():
     vacant = [VacantShard("s1", 3, "w2")]
     sig = round_signature("me", LIVE, vacant, [worker("w2", 9), worker("me", 4)])
-    assert sig == (LIVE, (VacantShard("s1", 3, "w2"),), 4)
-    assert round_signature("me", LIVE, (), [worker("w2", 9)]) == (LIVE, (), -1)  # not listed
+    assert sig == (LIVE, (VacantShard("s1", 3, "w2"),), 4, ())
+    assert round_signature("me", LIVE, (), [worker("w2", 9)]) == (LIVE, (), -1, ())  # not listed
+    standing_by = attrs.evolve(worker("w2"), standbys=("s1",))
+    assert round_signature("me", LIVE, (), [standing_by]) == (LIVE, (), -1, (("w2", ("s1",)),))
 
 
 def test_the_first_round_scans_then_only_changes_or_the_interval_do():
@@ -59,6 +64,10 @@ def test_a_changed_signature_means_a_scan():
     poked = round_signature("me", LIVE, (), [worker("me", mailbox=1)])
     joined = round_signature("me", LIVE | {("w3", "live")}, (), [worker("me")])
     vacated = round_signature("me", LIVE, [VacantShard("s1", 2)], [worker("me")])
+    promoted = round_signature(
+        "me", LIVE, (), [worker("me"), attrs.evolve(worker("w2"), standbys=("s9",))]
+    )
+    assert scans.due(promoted, now=1.0)  # a standby appeared or went: owners may have moved
     assert scans.due(poked, now=1.0)
     assert scans.due(joined, now=1.0)
     assert scans.due(vacated, now=1.0)
@@ -133,3 +142,23 @@ def test_where_a_take_came_from():
     assert take_source("", "me") == "unowned"
     assert take_source("w2", "me") == "dead-owner"
     assert take_source("me", "me") == "own"  # our id's earlier incarnation
+
+
+def test_the_hand_off_requests_a_worker_answers():
+    requests = [
+        HandoffRequest("a", 3, "me"),
+        HandoffRequest("b", 1, "w2"),  # for another
+        HandoffRequest("c", 1, "me"),  # not runnable here
+        HandoffRequest("d", 1, "me"),  # held here already
+        HandoffRequest("e", 1, "me"),  # being answered
+    ]
+    answers = handoff_answers(requests, "me", {"a", "b", "d", "e"}, {"d": 1}, {"e"})
+    assert answers == [HandoffRequest("a", 3, "me")]
+
+
+def test_a_promotion_is_a_failover_only_for_a_dead_owners_shard():
+    assert [promotion_kind(s) for s in ("dead-owner", "unowned", "own")] == [
+        "failover",
+        "handoff",
+        "handoff",
+    ]

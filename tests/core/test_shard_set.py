@@ -40,7 +40,15 @@ def test_other_sections_are_reported_and_apply_at_the_next_restart():
     assert diff_reload(RUNNING, SHARDS, reloaded) == ReloadDiff(
         shards=SHARDS, ignored=("lease", "log")
     )
-    assert RESTART_ONLY_SECTIONS == ("worker", "dynamodb", "lease", "supervisor", "sink", "log")
+    assert RESTART_ONLY_SECTIONS == (
+        "worker",
+        "dynamodb",
+        "lease",
+        "supervisor",
+        "standby",
+        "sink",
+        "log",
+    )
 
 
 def test_sections_compare_with_the_config_the_process_started_with():

@@ -52,7 +52,8 @@ def test_the_release_is_fenced_on_owner_and_epoch_and_makes_the_shard_vacant() -
         "Key": {"pk": {"S": "shard#s-1"}},
         "UpdateExpression": (
             "SET #checkpoint = :cp, #state = :released, #roster = :vacant"
-            " REMOVE #owner, #release_requested, #successor"
+            " REMOVE #owner, #release_requested, #successor,"
+            " #handoff_stage, #handoff_first, #handoff_at"
         ),
         "ConditionExpression": "#owner = :me AND #epoch = :epoch",
         "ExpressionAttributeNames": {
@@ -62,6 +63,9 @@ def test_the_release_is_fenced_on_owner_and_epoch_and_makes_the_shard_vacant() -
             "#owner": "owner",
             "#release_requested": "release_requested",
             "#successor": "successor",
+            "#handoff_stage": "handoff_stage",
+            "#handoff_first": "handoff_first",
+            "#handoff_at": "handoff_at",
             "#epoch": "epoch",
         },
         "ExpressionAttributeValues": {
@@ -78,11 +82,13 @@ def test_a_release_with_a_successor_names_it_instead_of_removing_it() -> None:
     plain = t.release_shard("s", "w1", 1, {})
     named = t.release_shard("s", "w1", 1, {}, successor="w2")
     assert plain.values[":released"] == {"S": "released"}
-    assert plain.update.endswith("REMOVE #owner, #release_requested, #successor")
+    assert plain.update.endswith(
+        "REMOVE #owner, #release_requested, #successor, #handoff_stage, #handoff_first, #handoff_at"
+    )
     assert ":successor" not in plain.values
     assert named.update == (
         "SET #checkpoint = :cp, #state = :released, #roster = :vacant, #successor = :successor"
-        " REMOVE #owner, #release_requested"
+        " REMOVE #owner, #release_requested, #handoff_stage, #handoff_first, #handoff_at"
     )
     assert named.values[":successor"] == {"S": "w2"}
     assert named.condition == plain.condition == t.OWNED_AT_EPOCH

@@ -20,18 +20,22 @@ from urllib.parse import parse_qs, urlsplit
 import attrs
 import pytest
 import trio
-from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker
+from helpers.waiting import wait_until
+from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker, stop_in
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 from websockets.trio.server import ServerConnection, serve
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Ping, Request
 
 from shard_worker.contract.pipe import (
+    STANDBY,
     TRANSPORTS,
     Checkpoint,
     Heartbeat,
+    Promote,
     Ready,
-    Stop,
+    StandbyReady,
+    StandbySettings,
     StreamSpec,
     WorkerSettings,
 )
@@ -48,10 +52,6 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 def settings(kind: str, **timers: float) -> WorkerSettings:
     return attrs.evolve(FAST_SETTINGS, transport=kind, heartbeat_interval=0.25, **timers)
-
-
-def stop_in(seconds: float = 5.0) -> Stop:
-    return Stop(reason="test", deadline=time.monotonic() + seconds)
 
 
 def message(seq: int) -> str:
@@ -93,12 +93,6 @@ async def scripted_feed(
 
     server = await nursery.start(serve_websocket, accept, "127.0.0.1", 0, None)
     return server.port, connections
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not condition():
-            await trio.sleep(0.01)
 
 
 async def test_a_feed_gone_silent_is_reconnected_within_idle_timeout_and_resumes(
@@ -312,3 +306,40 @@ async def test_a_decompression_bomb_is_dead_lettered_and_the_child_stays_up(
     letters = read_records(tmp_path / "shard-1" / "dead-letter.1.jsonl")
     assert [(d["reason"], d["data"]) for d in letters] == [("message_too_large", None)]
     assert "over max_message_size (16777216 bytes) after seq 1" in letters[0]["error"]
+
+
+async def test_a_standby_child_connects_like_an_owner_idle_timeout_and_compression(
+    nursery: trio.Nursery, tmp_path: Path, kind: str
+) -> None:
+    """A standby (issue 14) reads through the same reader: its stream's idle timeout, transport
+    and compression; the reconnects resume after what it buffered, and the promotion writes
+    it all, without a gap."""
+    connects: list[int] = []
+
+    async def handler(ws: ServerConnection) -> None:  # 5 messages on two connections, then none
+        assert ws.request is not None
+        after = after_of(ws.request.path)
+        connects.append(after)
+        for seq in range(after + 1, after + 6) if len(connects) <= 2 else ():
+            await ws.send(message(seq))
+        await trio.sleep_forever()
+
+    port = await serve_websockets(nursery, handler)
+    url = f"ws://127.0.0.1:{port}/?after={{after}}"
+    stream = StreamSpec(id="a", url=url, sequence="seq", idle_timeout=1.0)
+    start = make_start([stream], tmp_path, epoch=2, settings=settings(kind))
+    async with spawn_worker() as worker:
+        await worker.send(attrs.evolve(start, mode=STANDBY, standby=StandbySettings()))
+        await worker.wait_for(StandbyReady)
+        await wait_until(lambda: len(connects) >= 3, timeout=10)
+        fence = time.monotonic() + 60
+        await worker.send(Promote(epoch=2, checkpoint={}, fence_deadline=fence))
+        await worker.wait_for(Checkpoint, predicate=lambda c: c.checkpoint.get("a") == 10)
+        await worker.send(stop_in())
+        assert await worker.wait() == 0
+    assert connects[:3] == [0, 5, 10]  # each reconnect after what the standby holds
+    records = read_records(tmp_path / "shard-1" / "a.2.jsonl")
+    assert [r["seq"] for r in records] == list(range(1, 11))
+    assert "no message for 1s (idle)" in worker.log
+    extensions = "permessage-deflate" if kind == "websockets" else "none"
+    assert f"(after=5; extensions: {extensions}" in worker.log

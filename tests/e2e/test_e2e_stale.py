@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 
 import pytest
 import trio
-from helpers.fleet import Fleet
+from helpers.fleet import Fleet, cli, status_json
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
 pytestmark = pytest.mark.slow
 
 
 async def status_shards(fleet: Fleet) -> list[dict]:
-    result = await trio.run_process(
-        [sys.executable, "-m", "supervisor", "status", "--json", "-c", "w1.toml"],
-        cwd=fleet.workdir,
-        capture_stdout=True,
-    )
-    return json.loads(result.stdout)["shards"]
+    return (await status_json(fleet))["shards"]
 
 
 async def test_a_silent_stream_is_stale_in_status_until_it_flows_again(
@@ -57,12 +51,8 @@ async def test_a_silent_stream_is_stale_in_status_until_it_flows_again(
             flowing = True
             while (await status_shards(fleet))[0]["stale"]:
                 await trio.sleep(0.2)
-            table = await trio.run_process(
-                [sys.executable, "-m", "supervisor", "status", "-c", "w1.toml"],
-                cwd=fleet.workdir,
-                capture_stdout=True,
-            )
-            assert "stale" not in table.stdout.decode()
+            code, table = await cli(fleet, "status")
+            assert code == 0 and "stale" not in table, table
             await fleet.stop_all()
     finally:
         await fleet.stop_all()

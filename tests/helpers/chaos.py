@@ -24,11 +24,19 @@ At the end every stream is written up to a sequence the feed had reached, the fl
 with SIGTERM, and every sink record is read back (``supervisor.devtools.sink_audit``) to check: no
 sequence number missing; epochs never interleave in time; in write-time order the epoch never
 goes back; no sequence written twice within one epoch; one worker per epoch.
+
+With ``standbys`` (a live-only feed, ``[standby] count = 1``: issue 14) a feed fault or a
+child restart loses what was sent while nobody was connected, which no standby can recover;
+so "no sequence number missing" becomes "nothing lost where a standby was in place": every
+epoch that began with the promotion of a standby child (the supervisors' logs say which)
+starts at most one after the last sequence written before it. Before each fault the run also
+waits until every shard has a ready standby on another worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -77,6 +85,10 @@ DEFAULT_KINDS = (
     KILL_SUPERVISOR_STOPPED_CHILD,
 )
 KINDS = DEFAULT_KINDS
+# The faults a warm standby bridges (its owner's supervisor or host gone): what the run with
+# standbys on a live-only feed draws from by default (the others lose what the live feed sent
+# while a child or a connection was down, with or without a standby).
+STANDBY_KINDS = (KILL_SUPERVISOR, STOP_SUPERVISOR, KILL_SUPERVISOR_STOPPED_CHILD)
 
 # --- bounds ----------------------------------------------------------------------------------
 # The documented takeover bound (docs/lease-protocol.md, "Time to take over"): a peer declares a
@@ -105,6 +117,9 @@ POLL = 0.1
 # became true.
 RESOLUTION = 0.5
 CHILD_EXIT = 7.0  # after the fleet stopped, how long every child may take to exit
+# A standby placed anew (its worker died or restarted): the round that places it, a spawn, the
+# connects, a first message per stream, and the heartbeat that advertises it.
+STANDBY_READY = TAKEOVER_BOUND + CHILD_START + 2 * HEARTBEAT
 PROBE_EXTRA = 10.0  # beyond the bound, how long we keep polling to report the real time
 
 
@@ -181,10 +196,18 @@ class ChaosPlan:
     kinds: tuple[str, ...] = DEFAULT_KINDS
 
     @classmethod
-    def from_env(cls, shards: Sequence[str], streams: Sequence[str]) -> ChaosPlan:
+    def from_env(
+        cls,
+        shards: Sequence[str],
+        streams: Sequence[str],
+        *,
+        steps: int = DEFAULT_STEPS,
+        kinds: Sequence[str] = DEFAULT_KINDS,
+    ) -> ChaosPlan:
+        """The plan the environment asks for (``steps`` and ``kinds`` when it does not)."""
         seed = int(os.environ.get(SEED_ENV, DEFAULT_SEED))
-        steps = int(os.environ.get(STEPS_ENV, DEFAULT_STEPS))
-        kinds = tuple(k for k in os.environ.get(KINDS_ENV, "").split(",") if k) or DEFAULT_KINDS
+        steps = int(os.environ.get(STEPS_ENV, steps))
+        kinds = tuple(k for k in os.environ.get(KINDS_ENV, "").split(",") if k) or tuple(kinds)
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"{KINDS_ENV}: unknown kinds {sorted(unknown)} (known: {KINDS})")
@@ -316,9 +339,33 @@ def _ranges(seqs: Sequence[int]) -> str:
     return shown + (f",... ({len(parts)} ranges)" if len(parts) > 6 else "")
 
 
+def promotion_gaps(audit: StreamAudit, promoted: set[int]) -> list[str]:
+    """Promoted epochs (their first write after the last one before them) that skipped
+    sequence numbers: what a standby in place should have held."""
+    out = []
+    for epoch in sorted(promoted):
+        mine = [r for r in audit.records if r.epoch == epoch]
+        if not mine:
+            continue
+        start = min(r.ts for r in mine)
+        before = [r.seq for r in audit.records if r.epoch < epoch and r.ts <= start]
+        first = min(r.seq for r in mine)
+        if before and first > max(before) + 1:
+            out.append(
+                f"promoted epoch {epoch} began at seq {first} after {max(before)}:"
+                f" {first - max(before) - 1} lost"
+            )
+    return out
+
+
 def audit_problems(
-    audits: dict[str, StreamAudit], streams: Sequence[str], targets: dict[str, int]
+    audits: dict[str, StreamAudit],
+    streams: Sequence[str],
+    targets: dict[str, int],
+    promoted: dict[str, set[int]] | None = None,
 ) -> list[str]:
+    """The invariants; ``promoted`` (stream -> epochs that began with a promotion) for a
+    live-only feed: losses are checked at those epochs only (see the module)."""
     problems = []
     if sorted(audits) != sorted(streams):
         problems.append(f"streams in the sink {sorted(audits)} != configured {sorted(streams)}")
@@ -326,8 +373,12 @@ def audit_problems(
         audit = audits[stream]
         if audit.max_seq < targets.get(stream, 0):
             problems.append(f"{stream}: written up to {audit.max_seq} < {targets[stream]}")
-        missing = audit.missing()
-        if missing:
+        if promoted is not None:
+            shard = stream.split("-")[0]  # helpers.fleet names streams "<shard>-<x>"
+            problems += [
+                f"{stream}: {p}" for p in promotion_gaps(audit, promoted.get(shard, set()))
+            ]
+        elif missing := audit.missing():
             problems.append(
                 f"{stream}: {len(missing)} sequence numbers missing: {_ranges(missing)}"
             )
@@ -349,6 +400,20 @@ def audit_problems(
             if len(workers) > 1:
                 problems.append(f"{stream}: epoch {epoch} written by {sorted(workers)}")
     return problems
+
+
+def promoted_epochs(fleet: Fleet) -> dict[str, set[int]]:
+    """Shard -> the epochs that began with a standby's promotion, from every supervisor's log
+    (every incarnation of a worker appends to the same file)."""
+    found: dict[str, set[int]] = defaultdict(set)
+    for worker in fleet.procs:
+        for line in fleet.log(worker).splitlines():
+            if "promoting the standby child" not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                found[event["shard"]].add(int(event["epoch"]))
+    return dict(found)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -377,11 +442,13 @@ def _shard_of(pid: int, out_dir: Path) -> str | None:
 
 
 class ChaosRun:
-    """Drives one plan over ``fleet`` (whose table and feed are set up, no supervisor started)."""
+    """Drives one plan over ``fleet`` (whose table and feed are set up, no supervisor started).
+    ``standbys``: the fleet runs warm standbys on a live-only feed (see the module)."""
 
-    def __init__(self, fleet: Fleet, plan: ChaosPlan) -> None:
+    def __init__(self, fleet: Fleet, plan: ChaosPlan, *, standbys: bool = False) -> None:
         self.fleet = fleet
         self.plan = plan
+        self.standbys = standbys
         self.shards = sorted(fleet.shards)
         self.streams = sorted(s for streams in fleet.shards.values() for s in streams)
         self.out_dir = fleet.workdir / "out"
@@ -397,6 +464,7 @@ class ChaosRun:
         self.audit_problems: list[str] = []
         self.process_problems: list[str] = []
         self.audits: dict[str, StreamAudit] = {}
+        self.promoted: dict[str, set[int]] = {}  # shard -> epochs begun by a promotion
         self._t0 = 0.0
 
     # --- log -----------------------------------------------------------------------------------
@@ -433,7 +501,15 @@ class ChaosRun:
             with trio.CancelScope(shield=True):
                 await self._cleanup()
         self.audits = self.fleet.audit()
-        self.audit_problems = audit_problems(self.audits, self.streams, self.targets)
+        promoted = None
+        if self.standbys:
+            by_shard = self.promoted = promoted_epochs(self.fleet)
+            promoted = {
+                stream: by_shard.get(shard, set())
+                for shard, streams in self.fleet.shards.items()
+                for stream in streams
+            }
+        self.audit_problems = audit_problems(self.audits, self.streams, self.targets, promoted)
 
     async def _start_fleet(self) -> None:
         for worker in WORKERS:
@@ -516,6 +592,37 @@ class ChaosRun:
             )
         if always_note or probe.writing > 2 * RESOLUTION:
             self.note(f"{when}: healthy after {probe.writing:.2f}s")
+        if self.standbys:
+            await self._await_standbys(when)
+
+    async def _await_standbys(self, when: str) -> None:
+        """Every shard with a ready standby on another running worker: a fault then always
+        meets a standby in place (one placed anew after the last fault included)."""
+        started = trio.current_time()
+        ready: set[tuple[str, str]] = set()
+        with trio.move_on_after(STANDBY_READY) as scope:
+            while True:
+                snapshot = await self.fleet.snapshot()
+                ready = {
+                    (shard, w.id)
+                    for w in snapshot.workers
+                    if w.id not in self.down_workers | self.frozen_workers
+                    for shard in w.standbys
+                }
+                owners = {s.id: s.owner for s in snapshot.shards}
+                if all(
+                    any(s == shard and w != owners[shard] for s, w in ready)
+                    for shard in self.shards
+                ):
+                    break
+                await trio.sleep(POLL)
+        if scope.cancelled_caught:
+            raise AssertionError(
+                f"{self.tag()} {when}: not every shard had a ready standby within "
+                f"{STANDBY_READY:g}s: {sorted(ready)}"
+            )
+        if trio.current_time() - started > 2 * RESOLUTION:
+            self.note(f"{when}: standbys ready after {trio.current_time() - started:.2f}s")
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -723,6 +830,8 @@ class ChaosRun:
                     f"  {kind:<16} {len(rs):>2}  {stat([r.owned for r in rs]):>15}  "
                     f"{stat([r.writing for r in rs]):>15}"
                 )
+        if self.standbys:
+            lines.append(f"  epochs begun by a standby's promotion: {self.promoted}")
         for stream, audit in sorted(self.audits.items()):
             lines.append(
                 f"  {stream}: {audit.delivered} delivered, max {audit.max_seq}, epochs "

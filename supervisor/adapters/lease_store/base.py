@@ -8,9 +8,10 @@ See docs/lease-protocol.md for the items and the conditions.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
-from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
 
 
 class LeaseStoreError(Exception):
@@ -40,8 +41,17 @@ class LeaseStore(Protocol):
     async def register_worker(self, worker: WorkerItem) -> WorkerItem:
         """Write our worker item, replacing an earlier incarnation; the counter keeps rising."""
 
-    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
-        """Counter + 1, conditional on our session. Returns the new counter."""
+    async def heartbeat(
+        self,
+        worker_id: str,
+        session: str,
+        state: str,
+        wall_now: float,
+        standbys: tuple[str, ...] | None = None,
+    ) -> int:
+        """Counter + 1, conditional on our session. Returns the new counter. ``standbys``
+        (the shards whose standby child is ready here) is written only when given: the
+        caller passes it when it changed, so a heartbeat stays one small write."""
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         """Mark our worker item stopped (clean exit), conditional on our session."""
@@ -114,3 +124,35 @@ class LeaseStore(Protocol):
 
         ``state`` is ``released``, or ``quarantined`` after a crash loop (peers may still take
         it; ``status`` shows why it moved)."""
+
+    # --- make-before-break hand-off (docs/lease-protocol.md) -------------------------------
+
+    async def request_handoff(
+        self, shard_id: str, me: str, epoch: int, to: str, wall_now: float
+    ) -> None:
+        """Ask ``to`` to get a standby ready before we stop: names it as successor, stage
+        ``requested``, lists the shard in the index under ``handoff``. Fenced on owner and
+        epoch (LeaseConflict: not ours any more)."""
+
+    async def handoff_ready(
+        self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
+    ) -> None:
+        """The successor's answer: its standby holds every stream from ``first_seq`` on.
+        LeaseConflict unless the shard is owned at ``epoch``, names us, and is ``requested``
+        (the owner cancelled, or someone else took it)."""
+
+    async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
+        """Withdraw our request (the successor was not ready in time): successor, stage and
+        the index entry go. Fenced on owner and epoch."""
+
+    async def read_shard(self, shard_id: str) -> ShardItem | None:
+        """One shard item, strongly consistent (None if there is none). Polled only while a
+        hand-off is under way."""
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        """Several shard items at once, strongly consistent (BatchGetItem), by id; missing
+        ones are absent. Every hand-off waiting on this worker reads through one request."""
+
+    async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
+        """The owned shards whose owner asks for a hand-off, from the sparse index
+        (eventually consistent: only to find them)."""

@@ -7,10 +7,12 @@ read-check-write, exactly like one conditional request. Knobs inject failures.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 
 import attrs
 import trio
 
+from shard_worker.contract.table import HANDOFF_READY, HANDOFF_REQUESTED
 from supervisor.adapters.lease_store.base import (
     LeaseConflict,
     LeaseStoreError,
@@ -18,7 +20,7 @@ from supervisor.adapters.lease_store.base import (
     TableMissing,
     WorkerIdTaken,
 )
-from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
 
 OPERATIONS = frozenset(
     {
@@ -39,6 +41,12 @@ OPERATIONS = frozenset(
         "add_shard",
         "retire_shard",
         "mark_orphaned",
+        "request_handoff",
+        "handoff_ready",
+        "cancel_handoff",
+        "read_shard",
+        "read_shards",
+        "handoff_requests",
     }
 )
 
@@ -50,6 +58,9 @@ class _Table:
     exists: bool = False
     workers: dict[str, WorkerItem] = attrs.field(factory=dict)
     shards: dict[str, ShardItem] = attrs.field(factory=dict)
+    # Shards listed under roster = "handoff" (the index entry a take, release, cancel or
+    # retire removes), as DynamoDB's sparse index would list them.
+    handoffs: set[str] = attrs.field(factory=set)
 
 
 class MemoryLeaseStore:
@@ -112,13 +123,25 @@ class MemoryLeaseStore:
         table.workers[worker.id] = worker
         return worker
 
-    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
+    async def heartbeat(
+        self,
+        worker_id: str,
+        session: str,
+        state: str,
+        wall_now: float,
+        standbys: tuple[str, ...] | None = None,
+    ) -> int:
         table = await self._enter("heartbeat")
-        return self._update_own_worker(table, worker_id, session, state, wall_now).counter
+        new = self._update_own_worker(table, worker_id, session, state, wall_now)
+        if standbys is not None:
+            new = attrs.evolve(new, standbys=tuple(sorted(standbys)))
+            table.workers[worker_id] = new
+        return new.counter
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         table = await self._enter("retire_worker")
-        self._update_own_worker(table, worker_id, session, "stopped", wall_now)
+        new = self._update_own_worker(table, worker_id, session, "stopped", wall_now)
+        table.workers[worker_id] = attrs.evolve(new, standbys=())
 
     @staticmethod
     def _update_own_worker(
@@ -190,6 +213,7 @@ class MemoryLeaseStore:
             raise LeaseConflict(f"no registered shard {shard_id!r}")
         new = attrs.evolve(old, retired_at=wall_now, successor="")
         table.shards[shard_id] = new
+        table.handoffs.discard(shard_id)
         return _copy(new)
 
     async def ensure_shard(self, shard_id: str) -> None:
@@ -228,8 +252,11 @@ class MemoryLeaseStore:
             release_requested=0.0,
             successor="",
             stale=(),
+            handoff_stage="",
+            handoff_first={},
         )
         table.shards[shard_id] = new
+        table.handoffs.discard(shard_id)
         return _copy(new)
 
     async def checkpoint(
@@ -265,6 +292,62 @@ class MemoryLeaseStore:
             checkpoint=dict(checkpoint),
             release_requested=0.0,
             successor=successor,
+            handoff_stage="",
+            handoff_first={},
+        )
+        table.handoffs.discard(shard_id)
+
+    # --- make-before-break hand-off ---------------------------------------------------------
+
+    async def request_handoff(
+        self, shard_id: str, me: str, epoch: int, to: str, wall_now: float
+    ) -> None:
+        table = await self._enter("request_handoff")
+        old = _owned(table, shard_id, me, epoch)
+        table.shards[shard_id] = attrs.evolve(
+            old, successor=to, handoff_stage=HANDOFF_REQUESTED, handoff_first={}
+        )
+        table.handoffs.add(shard_id)
+
+    async def handoff_ready(
+        self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
+    ) -> None:
+        table = await self._enter("handoff_ready")
+        old = table.shards.get(shard_id)
+        if (
+            old is None
+            or not old.owner
+            or old.epoch != epoch
+            or old.successor != me
+            or old.handoff_stage != HANDOFF_REQUESTED
+        ):
+            raise LeaseConflict(f"handoff_ready {shard_id}: no request of epoch {epoch} for {me}")
+        table.shards[shard_id] = attrs.evolve(
+            old, handoff_stage=HANDOFF_READY, handoff_first=dict(first_seq)
+        )
+
+    async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
+        table = await self._enter("cancel_handoff")
+        old = _owned(table, shard_id, me, epoch)
+        table.shards[shard_id] = attrs.evolve(old, successor="", handoff_stage="", handoff_first={})
+        table.handoffs.discard(shard_id)
+
+    async def read_shard(self, shard_id: str) -> ShardItem | None:
+        table = await self._enter("read_shard")
+        item = table.shards.get(shard_id)
+        return None if item is None else _copy(item)
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        table = await self._enter("read_shards")
+        return {
+            sid: _copy(table.shards[sid]) for sid in sorted(set(shard_ids)) if sid in table.shards
+        }
+
+    async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
+        table = await self._enter("handoff_requests")
+        return tuple(
+            HandoffRequest(sid, table.shards[sid].epoch, table.shards[sid].successor)
+            for sid in sorted(table.handoffs)
         )
 
 

@@ -10,9 +10,9 @@ import contextlib
 from collections.abc import Iterator
 
 from shard_worker.contract import table as t
-from shard_worker.contract.table import Item, checkpoint_value, number, string
+from shard_worker.contract.table import AttributeValue, Item, checkpoint_value, number, string
 from supervisor.adapters.lease_store.base import LeaseStoreError
-from supervisor.core.items import ShardItem, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
 
 
 def _with_strings(item: Item, **strings: str) -> Item:
@@ -32,11 +32,20 @@ def worker_item(worker: WorkerItem) -> Item:
         t.STARTED_AT: number(worker.started_at),
         t.PID: number(worker.pid),
         t.MAX_SHARDS: number(worker.max_shards),
+        t.MAX_STANDBYS: number(worker.max_standbys),
         t.MAILBOX: number(worker.mailbox),
+        t.STANDBYS: standbys_value(worker.standbys),
         t.ROSTER: string(t.ROSTER_WORKER),
     }
+    if worker.features:  # a string set cannot be empty
+        item[t.FEATURES] = {"SS": sorted(worker.features)}
     strings = {t.SESSION: worker.session, t.STATE: worker.state, t.HOST: worker.host}
     return _with_strings(item, **strings)
+
+
+def standbys_value(shards: tuple[str, ...]) -> AttributeValue:
+    """The shards a worker runs ready standbys for: a list (it may be empty; a set may not)."""
+    return {"L": [string(shard) for shard in sorted(shards)]}
 
 
 def new_shard_item(shard_id: str) -> Item:
@@ -63,6 +72,11 @@ def read_float(item: Item, name: str) -> float:
     return float(item[name]["N"]) if name in item else 0.0
 
 
+def read_seqs(item: Item, name: str) -> dict[str, int]:
+    """A map of numbers (a checkpoint, a hand-off's first sequences); {} if absent."""
+    return {stream: int(pos["N"]) for stream, pos in item.get(name, {"M": {}})["M"].items()}
+
+
 @contextlib.contextmanager
 def _decoding(item: Item) -> Iterator[None]:
     """A malformed item is the store's fault, not a crash of the caller."""
@@ -86,17 +100,19 @@ def worker_from(item: Item) -> WorkerItem:
             drain_requested=read_float(item, t.DRAIN_REQUESTED),
             max_shards=read_int(item, t.MAX_SHARDS),
             mailbox=read_int(item, t.MAILBOX),
+            standbys=tuple(str(v["S"]) for v in item.get(t.STANDBYS, {"L": []})["L"]),
+            max_standbys=read_int(item, t.MAX_STANDBYS),
+            features=frozenset(item.get(t.FEATURES, {"SS": []})["SS"]),
         )
 
 
 def shard_from(item: Item) -> ShardItem:
     with _decoding(item):
-        checkpoint = item.get(t.CHECKPOINT, {"M": {}})["M"]
         return ShardItem(
             id=read_str(item, t.ID),
             owner=read_str(item, t.OWNER),
             epoch=read_int(item, t.EPOCH),
-            checkpoint={stream: int(pos["N"]) for stream, pos in checkpoint.items()},
+            checkpoint=read_seqs(item, t.CHECKPOINT),
             owner_since=read_float(item, t.OWNER_SINCE),
             state=read_str(item, t.STATE),
             release_requested=read_float(item, t.RELEASE_REQUESTED),
@@ -104,17 +120,25 @@ def shard_from(item: Item) -> ShardItem:
             spec=read_str(item, t.SPEC),
             retired_at=read_float(item, t.RETIRED_AT),
             stale=tuple(sorted(item.get(t.STALE, {}).get("SS", ()))),
+            handoff_stage=read_str(item, t.HANDOFF_STAGE),
+            handoff_first=read_seqs(item, t.HANDOFF_FIRST),
         )
+
+
+def _roster_entry(item: Item) -> tuple[str, int, str]:
+    """A shard's entry in the roster index: its projected id, epoch and successor."""
+    with _decoding(item):
+        return read_str(item, t.ID), read_int(item, t.EPOCH), read_str(item, t.SUCCESSOR)
 
 
 def vacant_from(item: Item) -> VacantShard:
-    """An entry of the roster index (its projected attributes only)."""
-    with _decoding(item):
-        return VacantShard(
-            id=read_str(item, t.ID),
-            epoch=read_int(item, t.EPOCH),
-            successor=read_str(item, t.SUCCESSOR),
-        )
+    """An entry of the roster index under ``vacant``."""
+    return VacantShard(*_roster_entry(item))
+
+
+def handoff_request_from(item: Item) -> HandoffRequest:
+    """An entry of the roster index under ``handoff``."""
+    return HandoffRequest(*_roster_entry(item))
 
 
 def kind_of(item: Item) -> str:

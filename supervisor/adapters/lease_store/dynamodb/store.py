@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
@@ -34,7 +34,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
-from supervisor.core.items import ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
 
 _REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
 _BATCH_GET_KEYS = 100  # BatchGetItem's limit per request
@@ -118,27 +118,48 @@ class DynamoLeaseStore:
             f"gave up after {_REGISTER_ATTEMPTS} attempts"
         )
 
-    async def heartbeat(self, worker_id: str, session: str, state: str, wall_now: float) -> int:
-        response = await self._update_own_worker("heartbeat", worker_id, session, state, wall_now)
+    async def heartbeat(
+        self,
+        worker_id: str,
+        session: str,
+        state: str,
+        wall_now: float,
+        standbys: tuple[str, ...] | None = None,
+    ) -> int:
+        response = await self._update_own_worker(
+            "heartbeat", worker_id, session, state, wall_now, standbys
+        )
         return int(response["Attributes"][t.COUNTER]["N"])
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
-        await self._update_own_worker("retire_worker", worker_id, session, t.STOPPED, wall_now)
+        await self._update_own_worker("retire_worker", worker_id, session, t.STOPPED, wall_now, ())
 
     async def _update_own_worker(
-        self, op: str, worker_id: str, session: str, state: str, wall_now: float
+        self,
+        op: str,
+        worker_id: str,
+        session: str,
+        state: str,
+        wall_now: float,
+        standbys: tuple[str, ...] | None,
     ) -> dict[str, Any]:
-        """Counter + 1 with a new state, if the item still carries our session."""
+        """Counter + 1 with a new state (and ``standbys`` if given), if the item still carries
+        our session."""
+        values = {
+            ":one": number(1),
+            ":state": string(state),
+            ":now": number(wall_now),
+            ":session": string(session),
+        }
+        expression = "SET #counter = #counter + :one, #state = :state, #heartbeat_at = :now"
+        if standbys is not None:
+            expression += ", #standbys = :standbys"
+            values[":standbys"] = codec.standbys_value(standbys)
         update = UpdateItem(
             worker_key(worker_id),
-            "SET #counter = #counter + :one, #state = :state, #heartbeat_at = :now",
+            expression,
             "#session = :session",
-            {
-                ":one": number(1),
-                ":state": string(state),
-                ":now": number(wall_now),
-                ":session": string(session),
-            },
+            values,
             returns="UPDATED_NEW",
         )
         try:
@@ -187,7 +208,7 @@ class DynamoLeaseStore:
         keys = [{t.PK: item[t.PK]} for item in listed]
         workers: list[WorkerItem] = []
         for start in range(0, len(keys), _BATCH_GET_KEYS):
-            items = await self._batch_get(keys[start : start + _BATCH_GET_KEYS])
+            items = await self._batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS])
             workers += [codec.worker_from(item) for item in items]
         return tuple(sorted(workers, key=lambda w: w.id))
 
@@ -213,21 +234,19 @@ class DynamoLeaseStore:
             params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         raise LeaseStoreError(f"{op}: more than {_INDEX_PAGES} pages in the roster index")
 
-    async def _batch_get(self, keys: list[Item]) -> list[Item]:
+    async def _batch_get(self, op: str, keys: list[Item]) -> list[Item]:
         """Strongly consistent: liveness is judged on these counters, never on stale ones."""
         items: list[Item] = []
         request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
         for attempt in range(_BATCH_GET_ROUNDS):
-            response = await self._db.request(
-                "read_workers", "batch_get_item", RequestItems=request
-            )
+            response = await self._db.request(op, "batch_get_item", RequestItems=request)
             items += response.get("Responses", {}).get(self.table, [])
             request = response.get("UnprocessedKeys") or {}
             if not request:
                 return items
             await trio.sleep(0.05 * 2**attempt)
         raise StoreUnavailable(
-            f"read_workers: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
+            f"{op}: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
         )
 
     async def snapshot(self) -> Snapshot:
@@ -283,7 +302,8 @@ class DynamoLeaseStore:
         update = UpdateItem(
             shard_key(shard_id),
             "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-            " REMOVE #release_requested, #successor, #roster, #stale",
+            " REMOVE #release_requested, #successor, #roster, #stale, "
+            + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
             f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
             values,
             returns="ALL_NEW",
@@ -358,3 +378,75 @@ class DynamoLeaseStore:
         )
         response = await self._update("retire_shard", update)
         return codec.shard_from(response["Attributes"])
+
+    # --- make-before-break hand-off (docs/lease-protocol.md) -------------------------------
+
+    async def request_handoff(
+        self, shard_id: str, me: str, epoch: int, to: str, wall_now: float
+    ) -> None:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #successor = :to, #handoff_stage = :requested, #roster = :handoff,"
+            " #handoff_at = :now REMOVE #handoff_first",
+            t.OWNED_AT_EPOCH,
+            {
+                ":to": string(to),
+                ":requested": string(t.HANDOFF_REQUESTED),
+                ":handoff": string(t.ROSTER_HANDOFF),
+                ":now": number(wall_now),
+                **t.fence_values(me, epoch),
+            },
+        )
+        await self._update("request_handoff", update)
+
+    async def handoff_ready(
+        self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
+    ) -> None:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #handoff_stage = :ready, #handoff_first = :first",
+            "attribute_exists(#owner) AND #epoch = :epoch AND #successor = :me"
+            " AND #handoff_stage = :requested",
+            {
+                ":ready": string(t.HANDOFF_READY),
+                ":first": checkpoint_value(first_seq),
+                ":requested": string(t.HANDOFF_REQUESTED),
+                ":epoch": number(epoch),
+                ":me": string(me),
+            },
+        )
+        await self._update("handoff_ready", update)
+
+    async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
+        update = UpdateItem(
+            shard_key(shard_id),
+            "REMOVE #successor, #roster, " + ", ".join(f"#{n}" for n in t.HANDOFF_ATTRIBUTES),
+            t.OWNED_AT_EPOCH,
+            t.fence_values(me, epoch),
+        )
+        await self._update("cancel_handoff", update)
+
+    async def read_shard(self, shard_id: str) -> ShardItem | None:
+        response = await self._db.request(
+            "read_shard",
+            "get_item",
+            TableName=self.table,
+            Key=shard_key(shard_id),
+            ConsistentRead=True,
+        )
+        item = response.get("Item")
+        return None if item is None else codec.shard_from(item)
+
+    async def read_shards(self, shard_ids: Collection[str]) -> dict[str, ShardItem]:
+        keys = [shard_key(shard_id) for shard_id in sorted(set(shard_ids))]
+        found: dict[str, ShardItem] = {}
+        for start in range(0, len(keys), _BATCH_GET_KEYS):
+            for item in await self._batch_get("read_shards", keys[start : start + _BATCH_GET_KEYS]):
+                shard = codec.shard_from(item)
+                found[shard.id] = shard
+        return found
+
+    async def handoff_requests(self) -> tuple[HandoffRequest, ...]:
+        listed = await self._query_roster("handoff_requests", t.ROSTER_HANDOFF)
+        requests = (codec.handoff_request_from(item) for item in listed)
+        return tuple(sorted(requests, key=lambda r: r.id))

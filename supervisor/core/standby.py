@@ -1,0 +1,161 @@
+"""Warm standbys as pure code: where each shard's standbys run, and who claims a dead owner's
+shard first.
+
+Placement needs no negotiation: every worker computes it from the same snapshot (like the
+planner's targets). For each owned shard, the live members other than its owner, ranked by
+``rendezvous_rank(worker, shard)`` (highest first) and skipping workers at their
+``max_standbys``, give its ``k`` standbys. A shard handed off by name and not yet taken counts
+its successor as its owner, so a hand-off does not stir its other standbys; one released by a
+dead supervisor's child (its last will) keeps its standbys. Too few peers: the rest is not
+placed (a warning, never a crash). Pure: the driver passes the snapshot and ``now``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+
+import attrs
+
+from shard_worker.contract.table import LAST_WILL
+from supervisor.core.items import ShardItem
+from supervisor.core.lease import PeerTracker
+from supervisor.core.planner import rendezvous_rank
+
+
+@attrs.frozen
+class Placement:
+    """Each shard's standby workers, the first one first; and what could not be placed."""
+
+    by_shard: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    unplaced: Mapping[str, int] = attrs.field(factory=dict)  # shard -> standbys missing
+
+    def mine(self, me: str) -> frozenset[str]:
+        """The shards whose standby runs on ``me``."""
+        return frozenset(shard for shard, workers in self.by_shard.items() if me in workers)
+
+    def first(self, shard: str) -> str:
+        """The standby that claims the shard first if its owner dies ("" = none)."""
+        workers = self.by_shard.get(shard, ())
+        return workers[0] if workers else ""
+
+
+def holder(item: ShardItem) -> str:
+    """Who runs the shard, or is about to: its owner, else the successor it was handed to."""
+    return item.owner or item.successor
+
+
+def orphaned(item: ShardItem) -> bool:
+    """Released by the last will of a child whose supervisor died (and not yet retaken): its
+    standbys stay where they were (the dead owner is no live member any more) and claim it
+    first, as they would a dead owner's shard."""
+    return not item.owner and not item.successor and item.state == LAST_WILL
+
+
+def place_standbys(
+    *,
+    shards: Iterable[ShardItem],
+    wanted: Mapping[str, int],
+    live: Collection[str],
+    caps: Mapping[str, int] | None = None,
+) -> Placement:
+    """Standbys for every shard in ``wanted`` (shard -> k) that has a holder, from the
+    ``live`` workers that can run standbys. ``caps`` holds each worker's ``max_standbys``
+    (absent or 0 = no cap). Shards are placed in id order, so every worker counts the caps
+    alike."""
+    caps = caps or {}
+    used: Counter[str] = Counter()
+    by_shard: dict[str, tuple[str, ...]] = {}
+    unplaced: dict[str, int] = {}
+    for item in sorted(shards, key=lambda i: i.id):
+        k, owner = wanted.get(item.id, 0), holder(item)
+        if k <= 0 or not (owner or orphaned(item)):
+            continue
+        ranked = sorted(
+            (w for w in live if w != owner), key=lambda w: rendezvous_rank(w, item.id), reverse=True
+        )
+        chosen = tuple(w for w in ranked if not 0 < caps.get(w, 0) <= used[w])[:k]
+        used.update(chosen)
+        if chosen:
+            by_shard[item.id] = chosen
+        if len(chosen) < k:
+            unplaced[item.id] = k - len(chosen)
+    return Placement(by_shard, unplaced)
+
+
+@attrs.define
+class FreeWatch:
+    """When this worker first saw each shard free (its owner dead): the others leave it to
+    its first standby for a while after that. A shard that is no longer free is forgotten."""
+
+    _since: dict[str, float] = attrs.field(factory=dict)
+
+    def observe(self, free: Iterable[str], now: float) -> None:
+        free = set(free)
+        self._since = {sid: self._since.get(sid, now) for sid in free}
+
+    def since(self, shard: str, now: float) -> float:
+        return self._since.get(shard, now)
+
+
+@attrs.frozen
+class StandbyPriority:
+    """For the planner: dead owners' shards we claim as their first standby (taken even
+    beyond our share, like a shard handed to us by name), and the ones we leave alone for
+    now because another worker's standby claims them first."""
+
+    claims: frozenset[str] = frozenset()
+    waiting: frozenset[str] = frozenset()
+
+
+def standby_priority(
+    *,
+    me: str,
+    shards: Iterable[ShardItem],
+    placement: Placement,
+    tracker: PeerTracker,
+    watch: FreeWatch,
+    now: float,
+    wait: float,
+) -> StandbyPriority:
+    """The standby-first rule. A shard whose owner is dead (or that the last will of its dead
+    supervisor's child released) and which has a placed standby goes to that (first) standby:
+    it holds the recent feed, so nothing between the last checkpoint and now is lost. The
+    others wait ``wait`` (one reconcile interval) from when they first saw it free; then
+    anyone may take it (the standby was not there after all). Updates ``watch`` with this
+    snapshot's free shards."""
+    free = [i.id for i in shards if (i.owner and tracker.is_dead(i.owner, now)) or orphaned(i)]
+    watch.observe(free, now)
+    claims, waiting = set(), set()
+    for shard in free:
+        first = placement.first(shard)
+        if first == me:
+            claims.add(shard)
+        elif first and now - watch.since(shard, now) < wait:
+            waiting.add(shard)
+    return StandbyPriority(frozenset(claims), frozenset(waiting))
+
+
+@attrs.define
+class UnplacedReports:
+    """A standby that cannot be placed is logged once, and again only when that changes."""
+
+    _reported: dict[str, int] = attrs.field(factory=dict)
+
+    def new(self, unplaced: Mapping[str, int]) -> dict[str, int]:
+        """The entries of ``unplaced`` not reported as they are now."""
+        fresh = {s: n for s, n in sorted(unplaced.items()) if self._reported.get(s) != n}
+        self._reported = dict(unplaced)
+        return fresh
+
+
+__all__ = [
+    "FreeWatch",
+    "Placement",
+    "StandbyPriority",
+    "UnplacedReports",
+    "holder",
+    "orphaned",
+    "place_standbys",
+    "standby_priority",
+]

@@ -1,0 +1,236 @@
+"""The standby runners of one supervisor: started and stopped as the placement says, answering
+make-before-break requests, handed over to the supervisor when it takes their shard.
+
+Placement and the standby-first rule are pure (``supervisor.core.standby``); the handshake is
+``supervisor.drivers.handoff``. A standby runner is a ``ShardRunner`` in standby mode: it is
+supervised like any child (restart, backoff, hang detection); one that crash-loops is stopped,
+logged, and not placed here again for a ``restart_window``: it never touches the owner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+
+import attrs
+
+from shard_worker.contract.table import FEATURE_MBB
+from supervisor.config.model import ShardConfig
+from supervisor.core.items import HandoffRequest, ShardItem, Snapshot
+from supervisor.core.lease import PeerTracker
+from supervisor.core.make_before_break import release_wait
+from supervisor.core.runner_state import RunnerState
+from supervisor.core.standby import (
+    FreeWatch,
+    Placement,
+    StandbyPriority,
+    UnplacedReports,
+    place_standbys,
+    standby_priority,
+)
+from supervisor.drivers.handoff import TAKEN, Answer
+from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
+
+log = logging.getLogger("shardvisor.standby")
+
+NOT_PLACED = "no longer placed here"
+
+
+@attrs.define
+class StandbyKeeper:
+    """``start_task`` runs a runner in the supervisor's nursery; ``take`` is the supervisor's
+    take (which promotes our standby through ``promotable``)."""
+
+    ctx: RunnerContext
+    start_task: Callable[[ShardRunner], None]
+    runners: dict[str, ShardRunner] = attrs.field(factory=dict)
+    answering: set[str] = attrs.field(factory=set)
+    _cooling: dict[str, float] = attrs.field(factory=dict)  # shard -> when its standby looped
+    placement: Placement = attrs.field(factory=Placement)  # as of the last round
+    _free: FreeWatch = attrs.field(factory=FreeWatch)
+    _unplaced: UnplacedReports = attrs.field(factory=UnplacedReports)
+
+    # --- placement ------------------------------------------------------------------------
+
+    def place(
+        self,
+        snapshot: Snapshot,
+        *,
+        tracker: PeerTracker,
+        runnable: Mapping[str, ShardConfig],
+        accepting: bool,
+        now: float,
+    ) -> StandbyPriority:
+        """This round's placement (``core.standby``), from the snapshot every worker reads
+        alike; standbys that cannot be placed are logged once. Returns the standby-first
+        rule's verdict for the planner."""
+        me, cfg = self.ctx.worker_id, self.ctx.config
+        capable = {w.id for w in snapshot.workers if FEATURE_MBB in w.features}
+        live = {w for w in tracker.known() if w in capable and tracker.is_live_member(w, now)}
+        live = (live | {me}) if accepting else (live - {me})
+        caps = {w.id: w.max_standbys for w in snapshot.workers}
+        self.placement = place_standbys(
+            shards=snapshot.shards,
+            wanted={sid: s.standby_count(cfg.standby.count) for sid, s in runnable.items()},
+            live=live,
+            caps={**caps, me: cfg.worker.max_standbys},
+        )
+        for shard_id, missing in self._unplaced.new(self.placement.unplaced).items():
+            log.warning(
+                "%d standby(s) of %s not placed: too few live workers can run one",
+                missing,
+                shard_id,
+                extra={"shard": shard_id},
+            )
+        return standby_priority(
+            me=me,
+            shards=snapshot.shards,
+            placement=self.placement,
+            tracker=tracker,
+            watch=self._free,
+            now=now,
+            wait=cfg.lease.reconcile_interval,
+        )
+
+    def apply(
+        self,
+        items: Mapping[str, ShardItem],
+        runnable: Mapping[str, ShardConfig],
+        owned: Collection[str],
+        now: float,
+    ) -> None:
+        """Run a standby for every shard placed here (and ``runnable``, not ``owned`` by us or
+        being taken, not cooling down after a crash loop); stop the others (not while they
+        answer a hand-off request, nor while a take will promote them)."""
+        placed = self.placement.mine(self.ctx.worker_id)
+        window = self.ctx.config.supervisor.restart_window
+        self._cooling = {s: at for s, at in self._cooling.items() if now - at < window}
+        for shard_id in sorted(placed):
+            item = items.get(shard_id)
+            if (
+                shard_id in self.runners
+                or shard_id in owned
+                or shard_id in self._cooling
+                or shard_id not in runnable
+                or item is None
+            ):
+                continue
+            self.start(runnable[shard_id], item, now)
+        for shard_id, runner in list(self.runners.items()):
+            if shard_id not in placed and shard_id not in self.answering | set(owned):
+                runner.request_stop(NOT_PLACED, self._grace())
+
+    def start(self, shard: ShardConfig, item: ShardItem, now: float) -> ShardRunner:
+        """A standby runner for ``shard`` as ``item`` shows it (its owner's epoch + 1)."""
+        runner = ShardRunner.standby(self.ctx, shard, item.epoch + 1, item.checkpoint, now)
+        self.runners[shard.id] = runner
+        log.info("starting a standby", extra={"shard": shard.id, "owner": item.owner})
+        self.start_task(runner)
+        return runner
+
+    def ended(self, runner: ShardRunner, now: float) -> None:
+        """A standby runner's task returned (stopped, crash-looped, or promoted and done)."""
+        if self.runners.get(runner.shard_id) is runner:
+            del self.runners[runner.shard_id]
+        if runner.is_standby and runner.crash_looped:
+            self._cooling[runner.shard_id] = now
+            log.error(
+                "standby crash-looped: not placed here for %ss; the owner is not affected",
+                self.ctx.config.supervisor.restart_window,
+                extra={"shard": runner.shard_id},
+            )
+
+    def stop_all(self, reason: str) -> None:
+        for runner in list(self.runners.values()):
+            runner.request_stop(reason, self._grace())
+
+    def stop(self, shard_ids: Collection[str], reason: str) -> None:
+        for shard_id in shard_ids:
+            if shard_id in self.runners:
+                self.runners[shard_id].request_stop(reason, self._grace())
+
+    def _grace(self) -> float:
+        return min(2.0, self.ctx.config.supervisor.shutdown_timeout / 2)
+
+    # --- taking over ----------------------------------------------------------------------
+
+    def promotable(self, shard_id: str) -> ShardRunner | None:
+        """Our standby of a shard we just took, ready to promote (then it is no longer ours
+        to keep); one that cannot be promoted (no child now) is stopped: None."""
+        runner = self.runners.pop(shard_id, None)
+        if runner is None:
+            return None
+        if runner.promotable:
+            return runner
+        runner.request_stop("its shard was taken here", self._grace())
+        return None
+
+    # --- answering a make-before-break request --------------------------------------------
+
+    async def answer(
+        self,
+        request: HandoffRequest,
+        runnable: Mapping[str, ShardConfig],
+        take: Callable[[str, int], Awaitable[None]],
+        accepting: Callable[[], bool],
+    ) -> None:
+        """The successor's side of one request: our standby (started if we run none), then
+        ``handoff_ready``, then the take once the owner released (``handoff.Answer``)."""
+        shard_id = request.id
+        self.answering.add(shard_id)
+        cfg = self.ctx.config
+        watch = self.ctx.watch
+        answer = Answer(
+            self.ctx.store,
+            watch.read if watch is not None else self.ctx.store.read_shard,
+            self.ctx.worker_id,
+            request,
+            cfg.lease.handoff_timeout,
+            release_wait(max(0.25, cfg.supervisor.shutdown_timeout / 2)),
+        )
+
+        async def standby_ready(item: ShardItem) -> dict[str, int] | None:
+            runner = self.runners.get(shard_id)
+            if runner is None or runner.state is RunnerState.STOPPING:
+                if runner is not None or shard_id not in runnable or not accepting():
+                    return None  # one on its way out, or we stop: start none
+                runner = self.start(runnable[shard_id], item, self.ctx.now())
+            return await runner.wait_standby_ready()
+
+        ended = "cancelled"
+        try:
+            ended = await answer.run(standby_ready, take, accepting)
+        finally:
+            self.answering.discard(shard_id)
+            # A take (ours, or the hand-off poll's in flight) promotes the standby or stops it.
+            if ended != TAKEN and shard_id not in self.placement.mine(self.ctx.worker_id):
+                self.stop([shard_id], NOT_PLACED)
+        log.info("hand-off request answered: %s", ended, extra={"shard": shard_id})
+
+    # --- what others read -----------------------------------------------------------------
+
+    def ready(self) -> tuple[str, ...]:
+        """The shards whose standby child is ready here (advertised in heartbeats)."""
+        return tuple(
+            sorted(s for s, r in self.runners.items() if r.state is RunnerState.STANDBY_READY)
+        )
+
+    def metrics_state(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for shard_id, runner in sorted(self.runners.items()):
+            stats = runner.standby_stats
+            out[shard_id] = {
+                "up": int(runner.state in (RunnerState.STANDBY, RunnerState.STANDBY_READY)),
+                "buffered": stats.buffered if stats is not None else 0,
+                "bytes": stats.bytes if stats is not None else 0,
+            }
+        return out
+
+    def local_status(self) -> dict[str, dict[str, object]]:
+        return {
+            shard_id: {"state": r.state.value, "epoch": r.epoch, "restarts": r.restarts}
+            for shard_id, r in sorted(self.runners.items())
+        }
+
+
+__all__ = ["StandbyKeeper"]

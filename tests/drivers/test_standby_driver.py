@@ -1,0 +1,375 @@
+"""Make-before-break hand-offs and warm standbys on a virtual clock: in-memory store, fake
+children on a modelled live feed (``helpers.fake_child``), exact times.
+
+The same paths run with real processes, real servers and the live-only feed in
+tests/e2e/test_e2e_standby.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from helpers.fake_child import FakeChild, Write
+
+from shard_worker.contract import pipe as p
+from shard_worker.contract.pipe import StreamSpec
+from supervisor.adapters.lease_store.memory import MemoryLeaseStore
+from supervisor.config.model import (
+    Config,
+    LeaseConfig,
+    ShardConfig,
+    StandbyConfig,
+    SupervisorConfig,
+)
+from supervisor.core.runner_state import RunnerState
+from supervisor.drivers.daemon import Supervisor
+
+DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
+RATE = 100  # messages per second on each modelled feed
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def feed() -> int:
+    return int(trio.current_time() * RATE)
+
+
+def config(shards: int = 1, *, standbys: int = 0, sequenced: bool = True, **sup) -> Config:
+    sequence = "seq" if sequenced else ""
+    return Config(
+        lease=LeaseConfig(DURATION, HEARTBEAT, RECONCILE),
+        supervisor=SupervisorConfig(
+            **{"shutdown_timeout": 20.0, "checkpoint_interval": 1.0, **sup}
+        ),
+        standby=StandbyConfig(count=standbys, buffer=30.0),
+        shards=tuple(
+            ShardConfig(f"s{i}", (StreamSpec(f"s{i}", "ws://127.0.0.1:1/x", sequence=sequence),))
+            for i in range(shards)
+        ),
+    )
+
+
+@attrs.define
+class Harness:
+    config: Config
+    store: MemoryLeaseStore = attrs.field(factory=lambda: MemoryLeaseStore(table_exists=True))
+    writes: list[Write] = attrs.field(factory=list)
+    children: dict[str, list[FakeChild]] = attrs.field(factory=dict)  # by worker
+    never_ready: set[str] = attrs.field(factory=set)  # workers whose standbys never get ready
+    standby_crashes: Counter = attrs.field(factory=Counter)  # (worker, shard) -> crashes left
+
+    def supervisor(self, worker: str, store: MemoryLeaseStore | None = None) -> Supervisor:
+        async def spawn(shard_id: str):
+            def crash() -> bool:  # a budget of standby crashes per worker and shard
+                if self.standby_crashes[worker, shard_id] <= 0:
+                    return False
+                self.standby_crashes[worker, shard_id] -= 1
+                return True
+
+            child = FakeChild(
+                shard_id,
+                self.writes,
+                feed=feed,
+                crash_as_standby=crash,
+                never_ready=worker in self.never_ready,
+            )
+            self.children.setdefault(worker, []).append(child)
+            return child, []
+
+        return Supervisor(
+            self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
+        )
+
+    async def owners(self) -> dict[str, tuple[str, int]]:
+        return {s.id: (s.owner, s.epoch) for s in (await self.store.snapshot()).shards}
+
+    def sent(self, worker: str, kind: type) -> list[p.Message]:
+        return [m for c in self.children.get(worker, []) for m in c.received if isinstance(m, kind)]
+
+
+def continuity(writes: list[Write], shard: str) -> tuple[list[int], list[int]]:
+    """(sequence numbers missing, written twice) among the writes of ``shard``, by epoch order."""
+    seen: Counter[int] = Counter()
+    for w in writes:
+        if w.shard == shard:
+            seen.update(range(w.first, w.seq + 1))
+    top = max(seen)
+    start = min(seen)
+    missing = [n for n in range(start, top + 1) if n not in seen]
+    twice = sorted(n for n, c in seen.items() if c > 1)
+    return missing, twice
+
+
+def metric(sup: Supervisor, name: str, **labels: str) -> float:
+    value = sup.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+async def wait_for(condition, timeout: float = 60.0, step: float = 0.01) -> None:
+    with trio.fail_after(timeout):
+        while not await condition():
+            await trio.sleep(step)
+
+
+async def test_sigterm_hands_off_make_before_break_without_loss_or_duplicates(autojump_clock):
+    h = Harness(config(shards=2))
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery)
+        assert set((await h.owners()).values()) == {("w1", 1)}
+        asked = trio.current_time()
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        took = trio.current_time() - asked
+        await trio.sleep(3.0)
+        nursery.cancel_scope.cancel()
+    # The successor's standby connected first: the hand-off took its connect and a few polls.
+    assert took < 1.0
+    stops = h.sent("w1", p.Stop)
+    assert [bool(s.min_cut) for s in stops] == [True, True]  # every child stopped at a cut
+    promotes = h.sent("w2", p.Promote)
+    assert sorted(m.epoch for m in promotes) == [2, 2]
+    assert [len(c.received) for c in h.children["w2"]] and len(h.children["w2"]) == 2  # no spawn
+    for shard in ("s0", "s1"):
+        assert continuity(h.writes, shard) == ([], []), shard
+        epochs = [w.epoch for w in h.writes if w.shard == shard]
+        assert epochs == sorted(epochs)  # never an older writer after a newer one
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 2
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="timeout") == 0
+    assert metric(w2, "shardvisor_promotions_total", kind="handoff") == 2
+    assert all(not c.gaps for c in h.children["w2"])
+
+
+async def owner_then_peer(h: Harness, nursery: trio.Nursery) -> tuple[Supervisor, Supervisor]:
+    """w1 takes every shard, then w2 joins (the successor of w1's hand-offs)."""
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", h.store.peer())
+    await nursery.start(w1.run)
+    await trio.sleep(5.0)
+    await nursery.start(w2.run)
+    await trio.sleep(3.0)
+    return w1, w2
+
+
+async def _owned_by(h: Harness, worker: str, epoch: int | None = None) -> bool:
+    owners = await h.owners()
+    return all(o == worker and (epoch is None or e == epoch) for o, e in owners.values())
+
+
+async def test_a_successor_that_never_gets_ready_falls_back_within_the_timeout(autojump_clock):
+    h = Harness(config(shards=1))
+    h.never_ready.add("w2")
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        asked = trio.current_time()
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        took = trio.current_time() - asked
+        nursery.cancel_scope.cancel()
+    timeout = h.config.lease.handoff_timeout
+    assert timeout <= took < timeout + 1.0  # waited the timeout, then broke before making
+    assert [s.min_cut for s in h.sent("w1", p.Stop)] == [{}]
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="timeout") == 1
+    assert metric(w1, "shardvisor_handoffs_total", mode="break_before_make") == 1
+    assert await h.store.handoff_requests() == ()  # withdrawn
+
+
+async def test_an_unsequenced_shard_moves_break_before_make_and_says_why(autojump_clock):
+    h = Harness(config(shards=1, sequenced=False))
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="unsequenced") == 1
+    assert h.sent("w2", p.Promote) == []
+
+
+async def test_a_sigterm_whose_budget_cannot_wait_falls_back(autojump_clock):
+    # drain budget 0.9 x 8 s = 7.2 s < handoff_timeout 5 s + stop grace 4 s
+    h = Harness(config(shards=1, shutdown_timeout=8.0))
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="shutdown_budget") == 1
+
+
+async def test_a_second_sigterm_cuts_a_waiting_hand_off_short(autojump_clock):
+    h = Harness(config(shards=1))
+    h.never_ready.add("w2")
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        w1.request_shutdown()
+        await trio.sleep(1.0)
+        assert w1.runners["s0"].state is RunnerState.HANDING_OFF
+        w1.request_shutdown()
+        await trio.sleep(0.5)
+        assert w1.runners == {}
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="fast_shutdown") == 1
+    assert await h.store.handoff_requests() == ()
+
+
+async def test_a_warm_standby_takes_a_dead_owners_shard_first_and_loses_nothing(autojump_clock):
+    h = Harness(config(shards=1, standbys=1))
+    w1 = Doomed(h)
+    w2, w3 = h.supervisor("w2", h.store.peer()), h.supervisor("w3", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await nursery.start(w3.run)
+        # s0's standby runs where the placement says (w2 ranks above w3), and is advertised.
+        await wait_for(lambda: _advertised(h, {"s0": ["w2"]}))
+        w1.die()
+        died = trio.current_time()
+        await wait_for(lambda: _owners_are(h, {"s0": "w2"}))
+        took = trio.current_time() - died
+        await trio.sleep(3.0)
+        assert (await h.owners())["s0"] == ("w2", 2)  # the standby's take; w3 left it alone
+        nursery.cancel_scope.cancel()
+    assert DURATION - HEARTBEAT <= took <= DURATION + RECONCILE + 1.0
+    assert metric(w2, "shardvisor_promotions_total", kind="failover") == 1
+    assert len([c for c in h.children["w2"] if c.received]) == 1  # promoted: no spawn
+    missing, twice = continuity(h.writes, "s0")
+    assert missing == []  # the standby's buffer covered the outage
+    last = max(w.seq for w in h.writes if w.epoch == 1)
+    assert twice == [] or max(twice) <= last  # only what the dead owner wrote last
+    assert all(not c.gaps for c in h.children["w2"])
+
+
+@attrs.define
+class Doomed:
+    """w1, whose host dies on ``die``: cut off from the store (nothing it does lands any
+    more), its loops stopped, its children killed."""
+
+    h: Harness
+    store: MemoryLeaseStore = attrs.field(init=False)
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def __attrs_post_init__(self) -> None:
+        self.store = self.h.store.peer()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with self._scope:
+            await self.h.supervisor("w1", self.store).run(task_status=task_status)
+
+    def die(self) -> None:
+        self.store.unavailable = True
+        self._scope.cancel()
+        for child in self.h.children["w1"]:
+            child.signal(9)
+
+
+async def _advertised(h: Harness, expected: dict[str, list[str]]) -> bool:
+    workers = (await h.store.snapshot()).workers
+    found: dict[str, list[str]] = {}
+    for w in workers:
+        for shard in w.standbys:
+            found.setdefault(shard, []).append(w.id)
+    return found == expected
+
+
+async def _owners_are(h: Harness, expected: dict[str, str]) -> bool:
+    return {s: o for s, (o, _) in (await h.owners()).items()} == expected
+
+
+async def test_with_count_zero_no_standby_runs_and_a_dead_owners_shard_starts_afresh(
+    autojump_clock,
+):
+    """Today's behaviour: the new owner spawns a child that connects at the present (on a
+    live feed what was generated meanwhile is gone: the real child counts it as a gap)."""
+    h = Harness(config(shards=1, standbys=0))
+    w1 = Doomed(h)
+    w2 = h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await trio.sleep(3.0)
+        assert w2.keeper.runners == {}
+        w1.die()
+        await wait_for(lambda: _owners_are(h, {"s0": "w2"}))
+        nursery.cancel_scope.cancel()
+    assert h.sent("w2", p.Promote) == []
+    assert metric(w2, "shardvisor_promotions_total", kind="failover") == 0
+
+
+async def test_a_crashing_standby_is_restarted_and_the_owner_never_notices(autojump_clock):
+    h = Harness(config(shards=1, standbys=1))
+    h.standby_crashes["w2", "s0"] = 2
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await wait_for(lambda: _advertised(h, {"s0": ["w2"]}))
+        owner_children = len(h.children["w1"])
+        await trio.sleep(3.0)
+        assert len(h.children["w1"]) == owner_children == 1  # the owner's child never moved
+        assert w1.runners["s0"].restarts == 0
+        assert w2.keeper.runners["s0"].state is RunnerState.STANDBY_READY
+        assert w2.keeper.runners["s0"].restarts >= 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_crash_looping_standby_is_stopped_and_not_placed_again_for_a_while(
+    autojump_clock,
+):
+    h = Harness(config(shards=1, standbys=1, max_restarts=2))
+    h.standby_crashes["w2", "s0"] = 100
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await trio.sleep(20.0)
+        assert "s0" not in w2.keeper.runners  # stopped after its crash loop
+        assert w1.runners["s0"].state is RunnerState.RUNNING
+        assert len(h.children["w1"]) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_status_of_a_supervisor_shows_its_standbys(autojump_clock):
+    h = Harness(config(shards=2, standbys=1))
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await wait_for(lambda: _advertised(h, {"s0": ["w2"], "s1": ["w2"]}))
+        status = w2.local_status()
+        assert {s: v["state"] for s, v in status["standbys"].items()} == {
+            "s0": "standby-ready",
+            "s1": "standby-ready",
+        }
+        exposition = w2.metrics.exposition().decode()
+        assert "shardvisor_standby_children 2.0" in exposition
+        assert 'shardvisor_standby_buffered_records{shard="s0"}' in exposition
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_shard_removed_at_a_reload_moves_make_before_break(autojump_clock):
+    h = Harness(config(shards=2))
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        await w1.reload(attrs.evolve(h.config, shards=h.config.shards[:1]))  # s1 left w1's file
+        await wait_for(lambda: _owners_are(h, {"s0": "w1", "s1": "w2"}))
+        changed = attrs.evolve(h.config.shards[0], streams=(StreamSpec("s0", "ws://h/new", "seq"),))
+        await w1.reload(attrs.evolve(h.config, shards=(changed,)))  # s0 restarts here
+        await wait_for(lambda: _owned_epoch(h, "s0", "w1", 2))
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
+    assert metric(w1, "shardvisor_handoffs_total", mode="break_before_make") == 0  # not to a peer
+    assert continuity(h.writes, "s1") == ([], [])
+
+
+async def _owned_epoch(h: Harness, shard: str, owner: str, epoch: int) -> bool:
+    return (await h.owners())[shard] == (owner, epoch)
