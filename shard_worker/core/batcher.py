@@ -61,7 +61,9 @@ def _non_negative(_instance: object, attribute: attrs.Attribute[float], value: f
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
-@attrs.define
+# No setattr hooks: the limits are checked once, at init, and ``add`` (once per record of a
+# batch sink's hot path) then costs plain attribute writes, not attrs' validating setattr.
+@attrs.define(on_setattr=attrs.setters.NO_OP)
 class Batcher(Generic[T]):
     """One open batch at a time. A batch is released when it is full (``max_records`` records,
     or ``max_bytes`` exactly), when the next record would not fit, or once ``max_wait`` has

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 import trio
 
@@ -36,6 +38,7 @@ from shard_worker.drivers.fence import FencedDoor, FenceGuard
 from shard_worker.records import Record
 
 FAILURE_LOG_INTERVAL = 1.0
+_stream_of = attrgetter("stream")
 MIN_CAPACITY = 256  # records: what a busy feed sends while the sink task gathers (COALESCE)
 COALESCE = 0.002  # seconds the sink task lets records gather after a burst
 
@@ -235,11 +238,10 @@ class BatchPipeline(FencedDoor):
             )
 
     def _advance(self, records: Sequence[Record], delivered: Sequence[Record] = ()) -> None:
-        last = self._last
-        for record in records:
-            if record.seq is not None:
-                last[record.stream] = record.seq
+        """Past ``records`` (each stream's last sequence number among them), ``delivered``
+        counted: once per batch, in comprehensions rather than a statement per record."""
+        self._last.update({r.stream: r.seq for r in records if r.seq is not None})
         counts = self.written_by_stream
-        for record in delivered:
-            counts[record.stream] = counts.get(record.stream, 0) + 1
+        for stream, count in Counter(map(_stream_of, delivered)).items():
+            counts[stream] = counts.get(stream, 0) + count
         self.written += len(delivered)

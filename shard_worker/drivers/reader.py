@@ -374,12 +374,14 @@ class StreamReader:
         stream, names = self.spec.id, self.placeholders
         shard, epoch, worker, wall = names.shard, names.epoch, names.worker, time.time
         while True:
-            for message in await receive():
+            batch = await receive()
+            received_at = wall()  # (the messages of one socket read came at one moment)
+            for message in batch:
                 item = accept(message)
                 if not isinstance(item, tuple) and (item is None or (item := event(item)) is None):
                     continue
                 seq, data, encoding, _ = item
-                record = Record(shard, stream, seq, epoch, worker, wall(), data, encoding)
+                record = Record(shard, stream, seq, epoch, worker, received_at, data, encoding)
                 try:
                     send_nowait((record, len(message)))
                 except trio.WouldBlock:
