@@ -31,6 +31,7 @@ OWNER, EPOCH, CHECKPOINT, OWNER_SINCE = "owner", "epoch", "checkpoint", "owner_s
 SUCCESSOR, RELEASE_REQUESTED = "successor", "release_requested"
 SPEC, REGISTERED_AT, RETIRED_AT = "spec", "registered_at", "retired_at"
 STALE = "stale"  # string set: the owner's streams silent past their timeout (absent: none)
+RECONNECTS = "reconnects"  # JSON {stream: {reason: count}}: the owner's reconnects since its take
 # A make-before-break hand-off in progress (docs/lease-protocol.md): its stage, the
 # successor's first buffered sequence per stream, and when the owner asked (for humans).
 HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT = "handoff_stage", "handoff_first", "handoff_at"
@@ -43,7 +44,7 @@ STANDBYS, FEATURES, MAX_STANDBYS = "standbys", "features", "max_standbys"
 
 SHARD_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, OWNER, EPOCH, CHECKPOINT, OWNER_SINCE, SUCCESSOR}
-    | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT, STALE}
+    | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT, STALE, RECONNECTS}
     | {HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT}
 )
 WORKER_ATTRIBUTES = frozenset(

@@ -48,6 +48,9 @@ class ShardItem:
     # The owner's streams silent past their timeout (sorted; published when the set changes,
     # cleared by a take): `status` shows them stale.
     stale: tuple[str, ...] = ()
+    # The owner's reconnects since its take, per stream and reason (published with the stale
+    # set, at most every few seconds; cleared by a take): `status` shows them.
+    reconnects: dict[str, dict[str, int]] = attrs.field(factory=dict)
     # A make-before-break hand-off to ``successor`` under way: "" (none), "requested" by the
     # owner, "ready" (the successor's standby is connected; ``handoff_first`` holds the first
     # sequence it buffered per stream, so the owner stops at the one before).

@@ -52,6 +52,8 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
             "source": "table" if s.spec else "config",  # `shards add`, or [[shards]] in TOML
             # Streams silent past their timeout, as the owner last published (none unowned).
             "stale": list(s.stale) if s.owner else [],
+            # The owner's reconnects since its take, per stream and reason (a few seconds late).
+            "reconnects": dict(sorted(s.reconnects.items())) if s.owner else {},
             "standbys": sorted(standing_by.get(s.id, [])),  # workers with a ready standby
         }
         for s in snapshot.shards
@@ -81,7 +83,15 @@ def render_table(status: dict[str, Any]) -> str:
         cp = " ".join(f"{k}={v}" for k, v in s["checkpoint"].items()) or "-"
         owner = s["owner"] or "-"
         standbys = ",".join(s["standbys"]) or "-"
-        stale = f"  stale: {','.join(s['stale'])}" if s.get("stale") else ""
         row = f"{s['id']:<21} {owner:<21} {s['epoch']:>5}  {s['state']:<10} {standbys:<21}"
-        lines.append(f"{row} {cp}{stale}")
+        lines.append(f"{row} {cp}{_stream_notes(s)}")
     return "\n".join(lines)
+
+
+def _stream_notes(shard: dict[str, Any]) -> str:
+    """After the checkpoint: the stale streams, and each stream's reconnects by reason."""
+    notes = f"  stale: {','.join(shard['stale'])}" if shard.get("stale") else ""
+    for stream, reasons in shard.get("reconnects", {}).items():
+        counts = " ".join(f"{reason}={n}" for reason, n in sorted(reasons.items()))
+        notes += f"  {stream} reconnects: {counts}"
+    return notes

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import signal
 import time
@@ -45,6 +46,9 @@ HELLO_TIMEOUT = 10.0
 STARTUP_GRACE = 10.0  # from start to ready a child gets at least this long (stream connects)
 MAX_SIGTERM_GRACE = 1.0  # after the stop deadline, SIGTERM; at most this much later, SIGKILL
 RELEASE_TIMEOUT = 5.0
+# Reconnect counts reach the table (for `status`) at most this often: a flapping feed must not
+# cost a write per heartbeat. A change of the stale set is written at once.
+RECONNECTS_PUBLISH_INTERVAL = 5.0
 
 
 class ChildGone(Exception):
@@ -105,6 +109,11 @@ class ShardRunner:
     _stored_at: float = 0.0  # when the table last accepted our checkpoint (or the take)
     _counted: dict[str, dict[str, int]] = attrs.field(factory=dict)  # this child's, per stream
     _stale: tuple[str, ...] = ()  # the stale streams the table names (a take clears them)
+    # Reconnects per stream and reason since the take (all its children), and what of them
+    # the table holds since when.
+    _reconnects: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    _published: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    _published_at: float = -math.inf
     _policy: RestartPolicy | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)  # set (and replaced) on each change
     # A standby's: its current child's first buffered sequence per stream, once it is ready.
@@ -497,7 +506,7 @@ class ShardRunner:
             if msg.standby is not None:
                 self._count_standby(msg.standby)
             elif not self.is_standby:  # (a standby holds no lease: nothing to publish)
-                await self._publish_stale(msg)
+                await self._publish_streams(msg)
         elif isinstance(msg, p.StandbyReady):
             self._ready, self.first_seq = True, dict(msg.first_seq)
             self._event(RunnerEvent.STANDBY_READY)
@@ -523,8 +532,13 @@ class ShardRunner:
         deltas = {}
         for stream, counts in streams.items():
             before = self._counted.get(stream, {})
-            deltas[stream] = {k: v - before.get(k, 0) for k, v in counts.items()}
+            deltas[stream] = delta = {k: v - before.get(k, 0) for k, v in counts.items()}
             self._counted[stream] = dict(counts)
+            for key, n in delta.items():
+                if n > 0 and key.startswith(p.RECONNECT_PREFIX):
+                    reasons = self._reconnects.setdefault(stream, {})
+                    reason = key[len(p.RECONNECT_PREFIX) :]
+                    reasons[reason] = reasons.get(reason, 0) + n
         self.ctx.metrics.add_stream_counts(self.shard_id, deltas)
 
     def _count_standby(self, stats: p.StandbyStats) -> None:
@@ -553,20 +567,30 @@ class ShardRunner:
             # Kept in self.checkpoint: the next checkpoint or the release carries it.
             log.warning("checkpoint not stored: %s", exc, extra=self._extra())
 
-    async def _publish_stale(self, beat: p.Heartbeat) -> None:
-        """The streams silent past their timeout, on the shard item for ``status``: written
-        only when the set changes, conditional on owner and epoch like a checkpoint."""
+    async def _publish_streams(self, beat: p.Heartbeat) -> None:
+        """The streams silent past their timeout and the reconnects by reason, on the shard
+        item for ``status``: written when the stale set changes, or when the counts changed
+        and RECONNECTS_PUBLISH_INTERVAL has passed; conditional on owner and epoch like a
+        checkpoint."""
         stale = tuple(sorted(beat.stale))
         self.ctx.metrics.set_stale(self.shard_id, beat.streams, stale)
-        if stale == self._stale or self.state is RunnerState.LOST:
+        now = self.ctx.now()
+        counts_due = (
+            self._reconnects != self._published
+            and now - self._published_at >= RECONNECTS_PUBLISH_INTERVAL
+        )
+        if (stale == self._stale and not counts_due) or self.state is RunnerState.LOST:
             return
+        reconnects = {stream: dict(reasons) for stream, reasons in self._reconnects.items()}
         try:
-            await self.ctx.store.publish_stale(self.shard_id, self.ctx.worker_id, self.epoch, stale)
-            self._stale = stale
+            await self.ctx.store.publish_streams(
+                self.shard_id, self.ctx.worker_id, self.epoch, stale, reconnects
+            )
+            self._stale, self._published, self._published_at = stale, reconnects, now
         except LeaseConflict:
-            self.lose("stale streams refused: the table has another owner or epoch")
+            self.lose("stream states refused: the table has another owner or epoch")
         except StoreUnavailable as exc:
-            log.warning("stale streams not stored (next heartbeat): %s", exc, extra=self._extra())
+            log.warning("stream states not stored (next heartbeat): %s", exc, extra=self._extra())
 
     async def _hang_watcher(self, child: ChildHandle) -> None:
         """No message for hang_timeout: the child's loop is blocked (CPU-bound code, deadlock)

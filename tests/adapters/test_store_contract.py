@@ -213,24 +213,30 @@ async def test_checkpoint_with_a_stale_epoch_leaves_the_stored_one(store: LeaseS
     assert (await stored_shard(store, "a")).checkpoint == {"trades": 10, "book": 7}
 
 
-async def test_stale_streams_are_published_by_the_owner_and_cleared_by_a_take(
+async def test_stream_states_are_published_by_the_owner_and_cleared_by_a_take(
     store: LeaseStore,
 ) -> None:
+    """Stale streams and reconnects by reason: what `status` shows of the owner's streams."""
     await store.ensure_shard("a")
     await store.take("a", "w1", "", 0, 1.0)
-    await store.publish_stale("a", "w1", 1, ("book", "trades"))
-    assert (await stored_shard(store, "a")).stale == ("book", "trades")
-    await store.publish_stale("a", "w1", 1, ("trades",))
-    assert (await stored_shard(store, "a")).stale == ("trades",)
+    counts = {"book": {"idle": 2, "closed": 1}, "trades": {"ping_timeout": 1}}
+    await store.publish_streams("a", "w1", 1, ("book", "trades"), counts)
+    stored = await stored_shard(store, "a")
+    assert (stored.stale, stored.reconnects) == (("book", "trades"), counts)
+    await store.publish_streams("a", "w1", 1, ("trades",), {"book": {"idle": 3}})
+    stored = await stored_shard(store, "a")
+    assert (stored.stale, stored.reconnects) == (("trades",), {"book": {"idle": 3}})
     with pytest.raises(LeaseConflict):
-        await store.publish_stale("a", "w2", 1, ())  # not the owner
+        await store.publish_streams("a", "w2", 1, (), {})  # not the owner
     with pytest.raises(LeaseConflict):
-        await store.publish_stale("a", "w1", 2, ())  # not its epoch
-    await store.publish_stale("a", "w1", 1, ())
-    assert (await stored_shard(store, "a")).stale == ()
-    await store.publish_stale("a", "w1", 1, ("book",))
+        await store.publish_streams("a", "w1", 2, (), {})  # not its epoch
+    await store.publish_streams("a", "w1", 1, (), {})
+    stored = await stored_shard(store, "a")
+    assert (stored.stale, stored.reconnects) == ((), {})
+    await store.publish_streams("a", "w1", 1, ("book",), counts)
     taken = await store.take("a", "w2", "w1", 1, 2.0)
-    assert taken.stale == () == (await stored_shard(store, "a")).stale  # the new owner's own
+    for shard in (taken, await stored_shard(store, "a")):  # the new owner's own, from none
+        assert (shard.stale, shard.reconnects) == ((), {})
 
 
 async def test_release_keeps_the_epoch_and_removes_the_owner(store: LeaseStore) -> None:

@@ -47,6 +47,7 @@ def test_status_json_lists_standbys_per_shard_and_per_worker():
             "state": "handing-off",  # a make-before-break request is pending
             "source": "config",
             "stale": [],
+            "reconnects": {},
             "standbys": ["w2", "w3"],
         },
         {
@@ -57,6 +58,7 @@ def test_status_json_lists_standbys_per_shard_and_per_worker():
             "state": "running",
             "source": "config",
             "stale": [],
+            "reconnects": {},
             "standbys": ["w3"],
         },
         {
@@ -67,6 +69,7 @@ def test_status_json_lists_standbys_per_shard_and_per_worker():
             "state": "unowned",
             "source": "config",
             "stale": [],
+            "reconnects": {},
             "standbys": [],
         },
     ]
@@ -85,17 +88,23 @@ def test_the_table_has_a_standbys_column_before_the_checkpoint():
     assert table[9].startswith("s3                    -                         1  unowned    -")
 
 
-def test_stale_streams_show_in_the_json_and_the_table_for_owned_shards_only() -> None:
+def test_stale_streams_and_reconnects_show_in_the_json_and_the_table_for_owned_shards_only() -> (
+    None
+):
     snapshot = Snapshot(
         workers=(),
         shards=(
-            ShardItem(id="s1", owner="w1", epoch=3, stale=("a", "b")),
+            ShardItem(
+                id="s1", owner="w1", epoch=3, stale=("a", "b"), reconnects={"a": {"idle": 2}}
+            ),
             ShardItem(id="s2", owner="w1", epoch=1),
-            ShardItem(id="s3", owner="", epoch=2, stale=("c",)),  # released: nobody reads it
+            ShardItem(id="s3", owner="", epoch=2, stale=("c",), reconnects={"c": {"idle": 1}}),
         ),
     )
     status = fleet_status(snapshot, Config(), wall_now=0.0)
     assert [s["stale"] for s in status["shards"]] == [["a", "b"], [], []]
+    assert [s["reconnects"] for s in status["shards"]] == [{"a": {"idle": 2}}, {}, {}]
     lines = render_table(status).splitlines()
-    assert lines[-3].endswith("stale: a,b")
-    assert "stale" not in lines[-2] and "stale" not in lines[-1]
+    assert lines[-3].endswith("stale: a,b  a reconnects: idle=2")
+    assert "stale" not in lines[-2] and "stale" not in lines[-1]  # (s3 released: nobody reads it)
+    assert "reconnects" not in lines[-2] and "reconnects" not in lines[-1]

@@ -1,5 +1,6 @@
-"""A stream that goes silent is ``stale`` in ``status`` (which reads only the table) until it
-flows again: a real supervisor, its child, a real feed on 127.0.0.1, the table over HTTP."""
+"""A stream that goes silent is ``stale`` in ``status`` (which reads only the table), its idle
+reconnects counted there, until it flows again: a real supervisor, its child, a real feed on
+127.0.0.1, the table over HTTP."""
 
 from __future__ import annotations
 
@@ -45,9 +46,15 @@ async def test_a_silent_stream_is_stale_in_status_until_it_flows_again(
         with trio.fail_after(30):
             await fleet.start("w1")
             await fleet.wait_until_owned(by=["w1"], timeout=10)
-            while (shards := await status_shards(fleet))[0]["stale"] != ["q1-a", "q1-b"]:
+            streams = ["q1-a", "q1-b"]
+            while (shards := await status_shards(fleet))[0]["stale"] != streams:
                 await trio.sleep(0.2)
             assert shards[0]["owner"] == "w1"
+            # Each silent connection was given up (idle) and counted; the counts reach the
+            # table within RECONNECTS_PUBLISH_INTERVAL.
+            while not all(shards[0]["reconnects"].get(s, {}).get("idle") for s in streams):
+                await trio.sleep(0.2)
+                shards = await status_shards(fleet)
             flowing = True
             while (await status_shards(fleet))[0]["stale"]:
                 await trio.sleep(0.2)

@@ -8,7 +8,7 @@ See docs/lease-protocol.md for the items and the conditions.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
@@ -104,11 +104,17 @@ class LeaseStore(Protocol):
     ) -> None:
         """Store the checkpoint, conditional on owner = me and epoch = mine."""
 
-    async def publish_stale(
-        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    async def publish_streams(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        stale: tuple[str, ...],
+        reconnects: Mapping[str, Mapping[str, int]],
     ) -> None:
-        """Name the streams silent past their timeout (sorted; () removes the attribute),
-        conditional on owner = me and epoch = mine, like a checkpoint."""
+        """Name the streams silent past their timeout (sorted) and the reconnects per stream
+        and reason since the take (empty ones remove their attribute), conditional on
+        owner = me and epoch = mine, like a checkpoint."""
 
     async def release(
         self,

@@ -7,7 +7,7 @@ read-check-write, exactly like one conditional request. Knobs inject failures.
 from __future__ import annotations
 
 import collections
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import attrs
 import trio
@@ -252,6 +252,7 @@ class MemoryLeaseStore:
             release_requested=0.0,
             successor="",
             stale=(),
+            reconnects={},
             handoff_stage="",
             handoff_first={},
         )
@@ -266,12 +267,18 @@ class MemoryLeaseStore:
         old = _owned(table, shard_id, me, epoch)
         table.shards[shard_id] = attrs.evolve(old, checkpoint=dict(checkpoint))
 
-    async def publish_stale(
-        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    async def publish_streams(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        stale: tuple[str, ...],
+        reconnects: Mapping[str, Mapping[str, int]],
     ) -> None:
-        table = await self._enter("stale")
+        table = await self._enter("streams")
         old = _owned(table, shard_id, me, epoch)
-        table.shards[shard_id] = attrs.evolve(old, stale=tuple(sorted(stale)))
+        counts = {stream: dict(reasons) for stream, reasons in reconnects.items()}
+        table.shards[shard_id] = attrs.evolve(old, stale=tuple(sorted(stale)), reconnects=counts)
 
     async def release(
         self,

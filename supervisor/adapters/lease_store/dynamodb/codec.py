@@ -7,7 +7,8 @@ which a child's last will writes with too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Mapping
 
 from shard_worker.contract import table as t
 from shard_worker.contract.table import AttributeValue, Item, checkpoint_value, number, string
@@ -77,6 +78,21 @@ def read_seqs(item: Item, name: str) -> dict[str, int]:
     return {stream: int(pos["N"]) for stream, pos in item.get(name, {"M": {}})["M"].items()}
 
 
+def reconnects_text(reconnects: Mapping[str, Mapping[str, int]]) -> str:
+    """The ``reconnects`` attribute: {stream: {reason: count}} as compact, sorted JSON."""
+    return json.dumps(reconnects, separators=(",", ":"), sort_keys=True)
+
+
+def _reconnects(text: str) -> dict[str, dict[str, int]]:
+    """{} when absent; a malformed value is the item's (see _decoding)."""
+    if not text:
+        return {}
+    return {
+        str(stream): {str(reason): int(n) for reason, n in reasons.items()}
+        for stream, reasons in json.loads(text).items()
+    }
+
+
 @contextlib.contextmanager
 def _decoding(item: Item) -> Iterator[None]:
     """A malformed item is the store's fault, not a crash of the caller."""
@@ -120,6 +136,7 @@ def shard_from(item: Item) -> ShardItem:
             spec=read_str(item, t.SPEC),
             retired_at=read_float(item, t.RETIRED_AT),
             stale=tuple(sorted(item.get(t.STALE, {}).get("SS", ()))),
+            reconnects=_reconnects(read_str(item, t.RECONNECTS)),
             handoff_stage=read_str(item, t.HANDOFF_STAGE),
             handoff_first=read_seqs(item, t.HANDOFF_FIRST),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -302,7 +302,7 @@ class DynamoLeaseStore:
         update = UpdateItem(
             shard_key(shard_id),
             "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-            " REMOVE #release_requested, #successor, #roster, #stale, "
+            " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
             + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
             f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
             values,
@@ -322,14 +322,33 @@ class DynamoLeaseStore:
         )
         await self._update("checkpoint", update)
 
-    async def publish_stale(
-        self, shard_id: str, me: str, epoch: int, stale: tuple[str, ...]
+    async def publish_streams(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        stale: tuple[str, ...],
+        reconnects: Mapping[str, Mapping[str, int]],
     ) -> None:
-        expression, values = "REMOVE #stale", t.fence_values(me, epoch)
+        values = t.fence_values(me, epoch)
+        sets, removes = [], []
         if stale:
-            expression, values = "SET #stale = :stale", {**values, ":stale": {"SS": list(stale)}}
+            sets.append("#stale = :stale")
+            values[":stale"] = {"SS": list(stale)}
+        else:
+            removes.append("#stale")
+        if reconnects:
+            sets.append("#reconnects = :reconnects")
+            values[":reconnects"] = string(codec.reconnects_text(reconnects))
+        else:
+            removes.append("#reconnects")
+        expression = " ".join(
+            f"{verb} {', '.join(parts)}"
+            for verb, parts in (("SET", sets), ("REMOVE", removes))
+            if parts
+        )
         update = UpdateItem(shard_key(shard_id), expression, t.OWNED_AT_EPOCH, values)
-        await self._update("stale", update)
+        await self._update("streams", update)
 
     async def release(
         self,
