@@ -4,12 +4,9 @@
 # are started by the tests themselves on 127.0.0.1 and stopped when they end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test]"
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+project_venv -e ".[test]"
 if [ ! -x node_modules/.bin/dynalite ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi

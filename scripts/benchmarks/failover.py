@@ -24,9 +24,9 @@ from benchmarks.fleets import (
     bench_fleet,
     feed_for,
     first_record_ts,
+    fleet_totals,
     snapshot,
     stop,
-    wait_registered,
     wait_settled,
 )
 from supervisor.config.model import SupervisorConfig
@@ -75,13 +75,9 @@ async def failover_fleet(mode: str, setting: str, trials: int, server: str) -> d
         "duration": duration,
         "heartbeat": heartbeat,
         "reconcile": reconcile,
-        "workers": len(WORKERS),
-        "shards": SHARDS,
-        "feed_rate": RATE,
+        **fleet_totals(len(WORKERS), SHARDS, RATE, audits),
         "samples": samples,
         "exit_codes": codes,
-        "missing_records": sum(a.gaps for a in audits.values()),
-        "rewritten_records": sum(a.rewritten for a in audits.values()),
     }
 
 
@@ -136,7 +132,7 @@ async def failover_trial(
     snap = await snapshot(fleet)
     state = next((w.state for w in snap.workers if w.id == victim), "")  # "orphaned" after a will
     await fleet.start(victim)  # the same worker id: a restarted host
-    await wait_registered(fleet, victim, timeout=30)
+    await fleet.wait_registered(victim, timeout=30, poll=0.5)
     return {
         "trial": trial,
         "victim": victim,

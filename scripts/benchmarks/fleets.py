@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import datetime
 import functools
 import json
 import os
@@ -28,6 +27,7 @@ from supervisor.config.model import LeaseConfig
 from supervisor.core.items import Snapshot
 from supervisor.devtools.fleet import Fleet, child_pids
 from supervisor.devtools.servers import ServerProcess, start_dynamodb, start_feed
+from supervisor.devtools.sink_audit import StreamAudit
 
 DEFAULT_LEASE = LeaseConfig()
 LEASES = {  # name -> (duration, heartbeat, reconcile); "10s" is the default
@@ -122,6 +122,20 @@ async def snapshot(fleet: Fleet, attempts: int = 5) -> Snapshot:
                 raise
             await trio.sleep(0.2)
     raise AssertionError("unreachable")
+
+
+def fleet_totals(
+    workers: int, shards: int, rate: float, audits: Mapping[str, StreamAudit]
+) -> dict[str, Any]:
+    """What every fleet benchmark reports besides its own samples: the fleet's size and feed
+    rate, and from the sink audit the records missing and the records written twice."""
+    return {
+        "workers": workers,
+        "shards": shards,
+        "feed_rate": rate,
+        "missing_records": sum(a.gaps for a in audits.values()),
+        "rewritten_records": sum(a.rewritten for a in audits.values()),
+    }
 
 
 # --- sink files ---------------------------------------------------------------------------------
@@ -232,34 +246,7 @@ async def wait_settled(
             await trio.sleep(0.5)
 
 
-async def wait_registered(fleet: Fleet, worker: str, timeout: float) -> None:
-    """The worker's item names its current process and says it is running."""
-    pid = fleet.procs[worker].pid
-    with trio.fail_after(timeout):
-        while True:
-            snap = await snapshot(fleet)
-            item = next((w for w in snap.workers if w.id == worker), None)
-            if item is not None and item.pid == pid and item.state == "running":
-                return
-            await trio.sleep(0.5)
-
-
 # --- logs ---------------------------------------------------------------------------------------
-
-
-def json_log(path: Path) -> list[dict[str, Any]]:
-    """A supervisor's JSON log lines (others skipped), with ``t`` = unix seconds of ``ts``."""
-    found = []
-    with contextlib.suppress(OSError), path.open(errors="replace") as fh:
-        for line in fh:
-            if not line.startswith("{"):
-                continue
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                entry = json.loads(line)
-                stamp = datetime.datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
-                entry["t"] = stamp.replace(tzinfo=datetime.UTC).timestamp()
-                found.append(entry)
-    return found
 
 
 def logged_at(log: list[dict[str, Any]], prefix: str, shard: str, epoch: int) -> float | None:

@@ -21,11 +21,10 @@ from benchmarks.fleets import (
     DEFAULT_LEASE,
     bench_fleet,
     feed_for,
-    json_log,
+    fleet_totals,
     logged_at,
     snapshot,
     stop,
-    wait_registered,
     wait_settled,
 )
 from supervisor.config.model import SupervisorConfig
@@ -91,7 +90,7 @@ async def sigterm_one(fleet: Fleet) -> dict[str, Any]:
                 break
             await trio.sleep(0.2)
     await fleet.start(victim)
-    await wait_registered(fleet, victim, timeout=30)
+    await fleet.wait_registered(victim, timeout=30, poll=0.5)
     return {
         "victim": victim,
         "sigterm_wall": t_term,
@@ -109,7 +108,7 @@ def analyse(
     codes: dict[str, int | None],
 ) -> dict[str, Any]:
     """Every change of epoch of every stream: its cause, gap, losses and decomposition."""
-    logs = {w: json_log(fleet.workdir / f"{w}.log") for w in WORKERS}
+    logs = {w: fleet.log_events(w) for w in WORKERS}
     term_at = {(sid, e): ev["sigterm_wall"] for ev in events for sid, e in ev["shards"].items()}
     transitions = []
     for shard, streams in fleet.shards.items():
@@ -121,13 +120,9 @@ def analyse(
                 moved = (by_epoch[old], by_epoch[new])
                 transitions.append(_transition(shard, stream, old, new, moved, logs, term_at))
     return {
-        "workers": len(WORKERS),
-        "shards": SHARDS,
-        "feed_rate": RATE,
+        **fleet_totals(len(WORKERS), SHARDS, RATE, audits),
         "events": events,
         "transitions": transitions,
-        "missing_records": sum(a.gaps for a in audits.values()),
-        "rewritten_records": sum(a.rewritten for a in audits.values()),
         "exit_codes": codes,
     }
 

@@ -24,7 +24,6 @@ from benchmarks.fleets import (
     first_record_ts,
     snapshot,
     stop,
-    wait_registered,
     wait_settled,
 )
 from benchmarks.live_moves import analyse
@@ -148,7 +147,7 @@ async def _trial(fleet: Fleet, setup: Setup, kills: Counter[str]) -> dict[str, A
                 first[stream] = ts - t_kill
     await trio.sleep(1.0)  # written on for a while before the victim comes back
     await fleet.start(victim)
-    await wait_registered(fleet, victim, timeout=30)
+    await fleet.wait_registered(victim, timeout=30, poll=0.5)
     return {
         "victim": victim,
         "kill": setup.kill,

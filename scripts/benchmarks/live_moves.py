@@ -16,7 +16,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.fleets import json_log
 from supervisor.devtools.fleet import Fleet
 from supervisor.devtools.sink_audit import StreamAudit, Written
 
@@ -35,7 +34,7 @@ Log = list[dict[str, Any]]
 
 def analyse(fleet: Fleet, events: list[dict[str, Any]], audits: dict[str, StreamAudit]) -> dict:
     """The moves of every stream, each with its cause (the trial's kill, or a rebalance)."""
-    logs = {w: json_log(fleet.workdir / f"{w}.log") for w in fleet.procs}
+    logs = {w: fleet.log_events(w) for w in fleet.procs}
     killed = [ev for ev in events if "shards" in ev]
     cause = {(sid, e): ev["kill"] for ev in killed for sid, e in ev["shards"].items()}
     moves = []

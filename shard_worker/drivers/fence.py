@@ -1,18 +1,23 @@
 """The fence deadline: past it, this child may no longer be the shard's only writer.
 
 The supervisor moves the deadline forward with every heartbeat it wins (``Fence`` messages);
-both doors to the sinks (the Recorder for jsonl, the BatchPipeline for the rest) and the
-dead-letter sink check it before every write, so a child whose supervisor froze stops writing
-on its own, before a peer may take the shard over.
+both doors to the sinks (the Recorder for jsonl, the BatchPipeline for the rest: each a
+``FencedDoor``) and the dead-letter sink behind them check it before every write, so a child
+whose supervisor froze stops writing on its own, before a peer may take the shard over.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec
 
 import trio
+
+from shard_worker.adapters.sinks.jsonl import DeadLetterSink
+
+P = ParamSpec("P")
 
 
 class FenceExpired(Exception):
@@ -63,3 +68,33 @@ class FenceGuard:
             self._scopes.discard(scope)
         if scope.cancelled_caught:
             raise FenceExpired("fence deadline passed during a delivery: lease may be lost")
+
+
+class FencedDoor:
+    """What both doors to the sinks share: the fence guard (whose deadline Fence messages
+    move: ``fence_deadline``) and the dead-letter sink behind it. ``dead_letter(stream, seq,
+    data, reason=, error=, encoding=)``: a message that cannot become a record (malformed, too
+    large), written as ``DeadLetterSink.write`` writes it once the fence check passed."""
+
+    def __init__(self, fence: FenceGuard, dead_letters: DeadLetterSink) -> None:
+        self.fence = fence
+        self.dead_letters = dead_letters
+        self.dead_letter = _fenced(fence, dead_letters.write)
+
+    @property
+    def fence_deadline(self) -> float:
+        return self.fence.deadline
+
+    @fence_deadline.setter
+    def fence_deadline(self, value: float) -> None:
+        self.fence.deadline = value
+
+
+def _fenced(fence: FenceGuard, write: Callable[P, None]) -> Callable[P, None]:
+    """``write`` behind the fence check: nothing gets through it once the deadline passed."""
+
+    def checked(*args: P.args, **kwargs: P.kwargs) -> None:
+        fence.check()
+        write(*args, **kwargs)
+
+    return checked

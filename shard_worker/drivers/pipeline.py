@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import trio
 
@@ -33,7 +32,7 @@ from shard_worker.adapters.sinks.batch import DeliveryFailed, Sink
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink
 from shard_worker.contract.pipe import SinkSpec
 from shard_worker.core.batcher import Batch, Batcher, Oversized
-from shard_worker.drivers.fence import FenceGuard
+from shard_worker.drivers.fence import FencedDoor, FenceGuard
 from shard_worker.records import Record
 
 FAILURE_LOG_INTERVAL = 1.0
@@ -45,7 +44,7 @@ class SinkFailed(Exception):
     """A batch could not be delivered and ``on_failure = "crash"``: the child exits non-zero."""
 
 
-class BatchPipeline:
+class BatchPipeline(FencedDoor):
     def __init__(
         self,
         sink: Sink,
@@ -58,9 +57,8 @@ class BatchPipeline:
         measure_frames: bool = False,
         capacity: int = 0,
     ) -> None:
+        super().__init__(fence, dead_letters)
         self.sink = sink
-        self.fence = fence
-        self.dead_letters = dead_letters
         self.log = log
         self.on_failure = spec.on_failure
         self._batcher: Batcher[Record] = Batcher(
@@ -90,29 +88,7 @@ class BatchPipeline:
         channel, delivers the last batch and finishes."""
         self._send.close()
 
-    def dead_letter(
-        self,
-        stream: str,
-        seq: int | None,
-        data: Any,
-        *,
-        reason: str,
-        error: str,
-        encoding: str = "",
-    ) -> None:
-        """A message that cannot become a record (malformed, too large), fence-checked."""
-        self.fence.check()
-        self.dead_letters.write(stream, seq, data, reason=reason, error=error, encoding=encoding)
-
     # --- The checkpoint -------------------------------------------------------------------
-
-    @property
-    def fence_deadline(self) -> float:
-        return self.fence.deadline
-
-    @fence_deadline.setter
-    def fence_deadline(self, value: float) -> None:
-        self.fence.deadline = value
 
     def last(self, stream: str) -> int:
         return self._last.get(stream, 0)

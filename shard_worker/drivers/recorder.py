@@ -11,7 +11,7 @@ Two doors, one per kind of sink:
 - ``shard_worker.drivers.pipeline.BatchPipeline``: every other kind, through a bounded channel
   and a sink task that batches and delivers.
 
-Both share a ``FenceGuard`` (drivers/fence.py) with the dead-letter sink.
+Both are a ``FencedDoor`` (drivers/fence.py): one fence guard, the dead-letter sink behind it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import attrs
 
 from shard_worker.adapters.sinks.jsonl import DeadLetterSink, JsonlSink, LineWriter
-from shard_worker.drivers.fence import FenceExpired, FenceGuard
+from shard_worker.drivers.fence import FencedDoor, FenceExpired, FenceGuard
 
 
-class Recorder:
+class Recorder(FencedDoor):
     """The jsonl door: ``writer(stream)`` writes synchronously, ``flush`` makes the checkpoint
     durable."""
 
@@ -34,23 +34,15 @@ class Recorder:
         sink: JsonlSink,
         fence_deadline: float | FenceGuard,
         checkpoint: dict[str, int],
-        dead_letters: DeadLetterSink | None = None,
+        dead_letters: DeadLetterSink,
     ) -> None:
-        self.sink = sink
-        self.fence = (
+        fence = (
             fence_deadline if isinstance(fence_deadline, FenceGuard) else FenceGuard(fence_deadline)
         )
-        self.dead_letters = dead_letters
+        super().__init__(fence, dead_letters)
+        self.sink = sink
         self._tallies = {stream: _Tally(last=seq) for stream, seq in checkpoint.items()}
         self.dead_lettered_by_stream: dict[str, int] = {}  # (jsonl gives up on nothing)
-
-    @property
-    def fence_deadline(self) -> float:
-        return self.fence.deadline
-
-    @fence_deadline.setter
-    def fence_deadline(self, value: float) -> None:
-        self.fence.deadline = value
 
     def writer(self, stream: str) -> LineWriter:
         """The write of one stream, ``(seq, data, encoding, data_json)`` (JsonlSink.write):
@@ -91,26 +83,9 @@ class Recorder:
 
     def flush(self) -> dict[str, int]:
         """Flush the dead letters and the sink; returns the checkpoint the flush made durable."""
-        if self.dead_letters is not None:
-            self.dead_letters.flush()
+        self.dead_letters.flush()
         self.sink.flush()
         return self.checkpoint()
-
-    def dead_letter(
-        self,
-        stream: str,
-        seq: int | None,
-        data: Any,
-        *,
-        reason: str,
-        error: str,
-        encoding: str = "",
-    ) -> None:
-        """Put a message that cannot be a record in the dead-letter sink (fence-checked)."""
-        if self.dead_letters is None:
-            return
-        self.fence.check()
-        self.dead_letters.write(stream, seq, data, reason=reason, error=error, encoding=encoding)
 
     async def drained(self) -> None:
         """Nothing is queued behind the synchronous writes."""
@@ -120,8 +95,7 @@ class Recorder:
         try:
             self.sink.close()
         finally:
-            if self.dead_letters is not None:
-                self.dead_letters.close()
+            self.dead_letters.close()
 
 
 @attrs.define

@@ -12,6 +12,7 @@ The process helpers at the end read ``/proc`` (Linux), as the supervisor itself 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -19,10 +20,12 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 
+from supervisor.adapters.lease_store.base import LeaseStoreError
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.core.items import Snapshot
 from supervisor.devtools.sink_audit import StreamAudit, audit_sink_dir
@@ -60,26 +63,20 @@ class Fleet:
 
     # --- config and processes -------------------------------------------------------------
 
+    def config(self, worker: str) -> dict[str, Any]:
+        """``worker``'s config as TOML's tables (``render_toml`` writes it)."""
+        return fleet_config(
+            worker,
+            table=self.table,
+            ddb_url=self.ddb_url,
+            feed_url=self.feed_url,
+            shards=self.shards,
+            sections=(self.settings, self.overrides),
+            live_feed=self.live_feed,
+        )
+
     def config_text(self, worker: str) -> str:
-        sections: dict[str, dict[str, object]] = {
-            "worker": {"id": worker},
-            "dynamodb": {"table": self.table, "endpoint_url": self.ddb_url},
-            "sink": {"path": SINK_PATH},
-        }
-        for extra in (self.settings, self.overrides):
-            for section, values in extra.items():
-                sections.setdefault(section, {}).update(values)
-        lines = []
-        for section, values in sections.items():
-            lines.append(f"[{section}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-        for shard, streams in self.shards.items():
-            lines.append(f'[[shards]]\nid = "{shard}"')
-            for stream in streams:
-                url = f"{self.feed_url}/{stream}" + ("" if self.live_feed else "?after={after}")
-                lines.append(f'[[shards.streams]]\nid = "{stream}"\nurl = "{url}"')
-                lines.append('sequence = "seq"')
-        return "\n".join(lines) + "\n"
+        return render_toml(self.config(worker))
 
     def write_config(self, worker: str) -> Path:
         path = self.workdir / f"{worker}.toml"
@@ -181,10 +178,106 @@ class Fleet:
     def audit(self) -> dict[str, StreamAudit]:
         return audit_sink_dir(self.workdir / "out")
 
+    async def wait_registered(self, worker: str, timeout: float, poll: float = 0.1) -> None:
+        """Until ``worker``'s item names its current process and says it is running (it is
+        up and watching its peers); a store too busy to answer is asked again."""
+        pid = self.procs[worker].pid
+        with trio.fail_after(timeout):
+            while True:
+                with contextlib.suppress(LeaseStoreError):
+                    workers = (await self.snapshot()).workers
+                    item = next((w for w in workers if w.id == worker), None)
+                    if item is not None and item.pid == pid and item.state == "running":
+                        return
+                await trio.sleep(poll)
+
+    def log_events(self, worker: str) -> list[dict[str, Any]]:
+        """``worker``'s log as events (``json_log``)."""
+        return json_log(self.workdir / f"{worker}.log")
+
     async def wait_written(self, stream: str, seq: int, timeout: float) -> None:
         with trio.fail_after(timeout):
             while self.audit().get(stream, StreamAudit(stream)).max_seq < seq:
                 await trio.sleep(0.05)
+
+
+# --- config files ---------------------------------------------------------------------------
+
+
+def fleet_config(
+    worker: str,
+    *,
+    table: str,
+    ddb_url: str,
+    feed_url: str,
+    shards: Mapping[str, Sequence[str]],
+    sections: Sequence[Mapping[str, Mapping[str, object]]] = (),
+    live_feed: bool = False,
+) -> dict[str, Any]:
+    """The config of one supervisor of a fleet: its id, the table, the sink under ``out/``,
+    then each of ``sections`` merged over them (section by section), and every shard with its
+    streams read from ``<feed_url>/<stream>`` (asking to resume after the checkpoint unless the
+    feed is ``live_feed``: a live-only feed ignores what it is asked)."""
+    config: dict[str, Any] = {
+        "worker": {"id": worker},
+        "dynamodb": {"table": table, "endpoint_url": ddb_url},
+        "sink": {"path": SINK_PATH},
+    }
+    for extra in sections:
+        for section, values in extra.items():
+            config.setdefault(section, {}).update(values)
+    resume = "" if live_feed else "?after={after}"
+    config["shards"] = [
+        {
+            "id": shard,
+            "streams": [
+                {"id": stream, "url": f"{feed_url}/{stream}{resume}", "sequence": "seq"}
+                for stream in streams
+            ],
+        }
+        for shard, streams in shards.items()
+    ]
+    return config
+
+
+def render_toml(config: Mapping[str, Any]) -> str:
+    """A config file from TOML's tables: sections of scalars, lists and inline tables (JSON's
+    strings, numbers, booleans and arrays are TOML values; a dict becomes ``{ "k" = v }``),
+    then ``shards`` as [[shards]], each with its ``streams`` as [[shards.streams]]."""
+    lines: list[str] = []
+    for section, values in config.items():
+        if section != "shards":
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    for shard in config.get("shards", []):
+        lines.append("[[shards]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in shard.items() if k != "streams"]
+        for stream in shard["streams"]:
+            lines.append("[[shards.streams]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in stream.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, Mapping):
+        pairs = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+        return f"{{ {pairs} }}"
+    return json.dumps(value)
+
+
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """A supervisor's JSON log lines (others skipped), with ``t`` = unix seconds of ``ts``."""
+    found = []
+    with contextlib.suppress(OSError), path.open(errors="replace") as fh:
+        for line in fh:
+            if not line.startswith("{"):
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                stamp = datetime.datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                entry["t"] = stamp.replace(tzinfo=datetime.UTC).timestamp()
+                found.append(entry)
+    return found
 
 
 def shards_of(snapshot: Snapshot, worker: str) -> list[str]:

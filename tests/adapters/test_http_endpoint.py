@@ -12,12 +12,11 @@ import urllib.request
 
 import pytest
 import trio
-from helpers.fleet import Fleet
+from helpers.fleet import Fleet, running_fleet, wait_for_log
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.adapters.http_endpoint import ListenError, Response, serve_http
 from supervisor.config.loading import ConfigError, parse_config
-from supervisor.devtools.feed import FeedServer
 from supervisor.devtools.servers import start_moto_server
 
 
@@ -79,18 +78,12 @@ def test_listen_must_be_host_and_port(listen):
 
 @pytest.mark.slow
 async def test_readiness_follows_the_lease_store_and_metrics_move(tmp_path, table_name, nursery):
-    server = start_moto_server()
+    server = start_moto_server()  # its own: this test pauses it
     try:
-        feed = FeedServer(rate=100.0, stream_names=["h1-a"])
-        feed_port = await nursery.start(feed.serve, "127.0.0.1", 0)
-        fleet = Fleet(
-            tmp_path, server.url, table_name, f"ws://127.0.0.1:{feed_port}/feed",
-            {"h1": ["h1-a"]}, feed=feed,
-        )  # fmt: skip
-        fleet.overrides["lease"] = {"duration": "3s", "heartbeat_interval": "500ms"}
-        await fleet.store.ensure_table(True)
-        await fleet.start("w1")
-        try:
+        h1 = running_fleet(nursery, tmp_path, server.url, table_name, {"h1": ["h1-a"]}, rate=100.0)
+        async with h1 as fleet:
+            fleet.overrides["lease"] = {"duration": "3s", "heartbeat_interval": "500ms"}
+            await fleet.start("w1")
             with trio.fail_after(60):
                 base = await _endpoint(fleet, "w1")
                 await _wait_status(f"{base}/readyz", 200)
@@ -126,17 +119,12 @@ async def test_readiness_follows_the_lease_store_and_metrics_move(tmp_path, tabl
                 assert failures >= 1
                 fleet.kill("w1", signal.SIGTERM)
                 assert await fleet.procs["w1"].wait() == 0
-        finally:
-            await fleet.stop_all()
-            print(fleet.log("w1"))
     finally:
         server.stop()
 
 
 async def _endpoint(fleet: Fleet, worker: str) -> str:
-    with trio.fail_after(20):
-        while not (found := re.search(r"HTTP endpoint on ([\d.]+):(\d+)", fleet.log(worker))):
-            await trio.sleep(0.05)
+    found = await wait_for_log(fleet, worker, r"HTTP endpoint on ([\d.]+):(\d+)", timeout=20)
     return f"http://{found.group(1)}:{found.group(2)}"
 
 

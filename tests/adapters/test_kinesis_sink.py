@@ -13,32 +13,17 @@ from typing import Any
 import pytest
 import trio
 from botocore.exceptions import ClientError
+from helpers.aws_sinks import FAST, REGION, batches, client_for, make_records
 
-from shard_worker.adapters.sinks.aws import make_client
 from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.kinesis import KinesisSink
-from shard_worker.core.batcher import Batch, Batcher, Oversized
 from shard_worker.records import Record, record_json
-from supervisor.devtools.servers import ServerProcess, start_moto_server
-
-REGION = "us-east-1"
-FAST = {"backoff_initial": 0.001, "backoff_max": 0.01}
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[ServerProcess]:
-    server = start_moto_server()
-    try:
-        yield server
-    finally:
-        server.stop()
+from supervisor.devtools.servers import ServerProcess
 
 
 @pytest.fixture
-def client(moto: ServerProcess, _aws_env: None) -> Iterator[Any]:
-    client = make_client("kinesis", REGION, moto.url)
-    yield client
-    client.close()
+def client(moto_server: ServerProcess, _aws_env: None) -> Iterator[Any]:
+    yield from client_for("kinesis", moto_server.url)
 
 
 @pytest.fixture
@@ -46,20 +31,6 @@ def stream(client: Any) -> str:
     name = "s-" + uuid.uuid4().hex[:12]
     client.create_stream(StreamName=name, ShardCount=2)
     return name
-
-
-def make_records(count: int, epoch: int = 7) -> list[Record]:
-    """Three streams; JSON, non-ASCII text, binary (base64) and unsequenced records."""
-    records = []
-    for i in range(count):
-        stream = f"feed-{i % 3}"
-        if i % 5 == 4:
-            data, encoding = "AAEC/w==", "base64"
-        else:
-            data, encoding = {"i": i, "text": "é ☃ \u2028", "nested": [1.5, None]}, ""
-        seq = None if stream == "feed-2" else i
-        records.append(Record("shard-a", stream, seq, epoch, "w-1", 1.7e9 + i / 7, data, encoding))
-    return records
 
 
 def read_stream(client: Any, stream: str) -> list[tuple[str, bytes]]:
@@ -136,18 +107,10 @@ class FlakyKinesis:
 
 async def deliver_all(sink: KinesisSink, records: list[Record], max_records: int) -> int:
     """Batch like the worker will (count and size limits) and deliver; returns the batches."""
-    batcher: Batcher[Record] = Batcher(min(max_records, sink.max_records), sink.max_bytes, 60.0)
-    batches: list[Batch[Record]] = []
-    for record in records:
-        for item in batcher.add(record, sink.size(record), 0.0):
-            assert not isinstance(item, Oversized)
-            batches.append(item)
-    last = batcher.drain()
-    if last is not None:
-        batches.append(last)
-    for batch in batches:
+    cut = batches(sink, records, max_records)
+    for batch in cut:
         await sink.deliver(batch)
-    return len(batches)
+    return len(cut)
 
 
 async def test_every_record_arrives_exactly_as_sent(client, stream):
@@ -160,9 +123,12 @@ async def test_every_record_arrives_exactly_as_sent(client, stream):
         assert json.loads(data)["epoch"] == 7
 
 
-async def test_own_endpoint_client_and_partition_key_template(moto, client, stream):
+async def test_own_endpoint_client_and_partition_key_template(moto_server, client, stream):
     sink = KinesisSink(
-        stream, region=REGION, endpoint_url=moto.url, partition_key="{stream}/{epoch}/{worker}"
+        stream,
+        region=REGION,
+        endpoint_url=moto_server.url,
+        partition_key="{stream}/{epoch}/{worker}",
     )
     records = make_records(6)
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from helpers.feeds import start_feed
 from helpers.worker_helpers import make_start, read_records, spawn_worker
 
 from shard_worker.adapters.last_will import give_last_will
@@ -20,7 +21,6 @@ from shard_worker.contract.pipe import Checkpoint, LastWill, Ready, StreamSpec
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.core.items import ShardItem, WorkerItem
-from supervisor.devtools.feed import FeedServer
 
 REGION = "us-east-1"
 REPO = Path(__file__).resolve().parents[2]
@@ -137,9 +137,8 @@ async def test_an_unreachable_store_is_a_warning_within_the_deadline(table_name:
 
 @pytest.fixture
 async def feed_url(nursery: trio.Nursery) -> AsyncIterator[str]:
-    server = FeedServer(rate=500.0)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    yield f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
+    _, url = await start_feed(nursery, 500.0)
+    yield url
 
 
 def guarded_env(tmp_path: Path) -> dict[str, str]:

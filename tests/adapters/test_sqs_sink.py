@@ -14,32 +14,17 @@ from typing import Any
 import pytest
 import trio
 from botocore.exceptions import ClientError
+from helpers.aws_sinks import FAST, REGION, batches, client_for, make_records
 
-from shard_worker.adapters.sinks.aws import make_client
 from shard_worker.adapters.sinks.batch import DeliveryFailed
 from shard_worker.adapters.sinks.sqs import SqsSink, fifo_id
-from shard_worker.core.batcher import Batcher, Oversized
 from shard_worker.records import Record, record_json
-from supervisor.devtools.servers import ServerProcess, start_moto_server
-
-REGION = "us-east-1"
-FAST = {"backoff_initial": 0.001, "backoff_max": 0.01}
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[ServerProcess]:
-    server = start_moto_server()
-    try:
-        yield server
-    finally:
-        server.stop()
+from supervisor.devtools.servers import ServerProcess
 
 
 @pytest.fixture
-def client(moto: ServerProcess, _aws_env: None) -> Iterator[Any]:
-    client = make_client("sqs", REGION, moto.url)
-    yield client
-    client.close()
+def client(moto_server: ServerProcess, _aws_env: None) -> Iterator[Any]:
+    yield from client_for("sqs", moto_server.url)
 
 
 @pytest.fixture
@@ -51,20 +36,6 @@ def queue(client: Any) -> str:
 def fifo_queue(client: Any) -> str:
     name = "q-" + uuid.uuid4().hex[:12] + ".fifo"
     return client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
-
-
-def make_records(count: int, epoch: int = 7, worker: str = "w-1", first: int = 0) -> list[Record]:
-    """Two sequenced streams and an unsequenced one; JSON, non-ASCII text and binary data."""
-    records = []
-    for i in range(first, first + count):
-        stream = f"feed-{i % 3}"
-        if i % 5 == 4:
-            data, encoding = "AAEC/w==", "base64"
-        else:
-            data, encoding = {"i": i, "text": "é ☃ \u2028"}, ""
-        seq = None if stream == "feed-2" else i
-        records.append(Record("shard-a", stream, seq, epoch, worker, 1.7e9 + i / 7, data, encoding))
-    return records
 
 
 def receive_all(client: Any, queue: str) -> list[dict[str, Any]]:
@@ -154,21 +125,15 @@ class FlakySqs:
         pass
 
 
-async def test_standard_queue_receives_every_record_as_sent(moto, client, queue):
+async def test_standard_queue_receives_every_record_as_sent(moto_server, client, queue):
     records = make_records(25)
-    sink = SqsSink(queue, region=REGION, endpoint_url=moto.url, **FAST)
+    sink = SqsSink(queue, region=REGION, endpoint_url=moto_server.url, **FAST)
     assert not sink.fifo
-    batcher: Batcher[Record] = Batcher(sink.max_records, sink.max_bytes, 60.0)
-    batches = []
-    for record in records:
-        for item in batcher.add(record, sink.size(record), 0.0):
-            assert not isinstance(item, Oversized)
-            batches.append(item)
-    batches.append(batcher.drain())
-    assert [len(b) for b in batches] == [10, 10, 5]
+    cut = batches(sink, records, sink.max_records)
+    assert [len(b) for b in cut] == [10, 10, 5]
     try:
         with trio.fail_after(20):
-            for batch in batches:
+            for batch in cut:
                 await sink.deliver(batch)
     finally:
         await sink.aclose()

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start
+from helpers.waiting import wait_until
+from helpers.worker_helpers import make_start, stop_in
 
-from shard_worker.contract.pipe import Hello, Message, Ready, Stop, Stopped, StreamSpec
+from shard_worker.contract.pipe import Hello, Message, Ready, Stopped, StreamSpec
 from supervisor.adapters import zygote_client
 from supervisor.adapters.spawn import ChildHandle, ChildProcess, pump_output
 from supervisor.adapters.zygote_client import ZygoteChild, ZygoteSpawner
@@ -60,16 +61,10 @@ async def receive_until(child: ChildHandle, kind: type[Message]) -> Message:
 
 
 async def stop(child: ChildHandle) -> int:
-    await child.send(Stop(reason="test", deadline=time.monotonic() + 3))
+    await child.send(stop_in(3))
     await receive_until(child, Stopped)
     with trio.fail_after(3):
         return await child.wait()
-
-
-async def wait_for(predicate, timeout: float = 5.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 def refused_url() -> tuple[socket.socket, str]:
@@ -100,7 +95,7 @@ async def test_a_warm_child_speaks_the_protocol_and_its_output_reaches_the_pumps
             assert child.returncode == 0
             await child.aclose()
             await child.aclose()  # idempotent
-            await wait_for(lambda: "stopped (test)" in caplog.text)
+            await wait_until(lambda: "stopped (test)" in caplog.text)
     assert any(r.name == "shardvisor.child" and r.shard == "s1" for r in caplog.records)
 
 
@@ -110,9 +105,10 @@ async def test_sigkill_of_a_warm_child_is_seen_at_once() -> None:
         child, _hello = await spawn(spawner, nursery)
         killed = time.monotonic()
         child.signal(signal.SIGKILL)
-        with trio.fail_after(1):
+        with trio.fail_after(zygote_client.EXIT_NOTICE_TIMEOUT + 5):
             assert await child.wait() == -9
-        assert time.monotonic() - killed < 0.5
+        # By events (the pidfd, then the zygote's notice), not by the notice's timeout.
+        assert time.monotonic() - killed < zygote_client.EXIT_NOTICE_TIMEOUT
         assert child.returncode == -9
         child.signal(signal.SIGTERM)  # after death: a no-op, never another process
         await child.aclose()
@@ -148,7 +144,7 @@ async def test_zygote_death_degrades_to_fresh_spawns_then_recovers(
         first = spawner.zygote_pid
         assert first is not None
         os.kill(first, signal.SIGKILL)  # our unreaped child: the pid cannot be reused yet
-        await wait_for(lambda: not spawner.available)
+        await wait_until(lambda: not spawner.available)
 
         fresh, _hello = await spawn(spawner, nursery)
         assert isinstance(fresh, ChildProcess)
@@ -160,7 +156,7 @@ async def test_zygote_death_degrades_to_fresh_spawns_then_recovers(
         assert await stop(orphan) in (0, -1)  # -1: its reaper (init) did not tell us
         await orphan.aclose()
 
-        await wait_for(lambda: spawner.available, timeout=8)
+        await wait_until(lambda: spawner.available, timeout=8)
         assert spawner.zygote_pid not in (None, first)
         warm, _hello = await spawn(spawner, nursery)
         assert isinstance(warm, ZygoteChild)
@@ -182,7 +178,7 @@ async def test_a_zygote_that_does_not_answer_is_replaced(
         assert isinstance(child, ChildProcess)
         assert "gave no answer" in caplog.text
         await child.aclose()
-        await wait_for(lambda: spawner.available and spawner.zygote_pid != hung, timeout=8)
+        await wait_until(lambda: spawner.available and spawner.zygote_pid != hung, timeout=8)
         assert not Path(f"/proc/{hung}").exists(), "the hung zygote was killed and reaped"
 
 
@@ -193,7 +189,7 @@ async def test_cancelling_run_stops_and_reaps_the_zygote(caplog: pytest.LogCaptu
         pid = spawner.zygote_pid
         assert pid is not None and Path(f"/proc/{pid}").exists()
         cancelled = time.monotonic()
-    assert time.monotonic() - cancelled < 1.0
+    assert time.monotonic() - cancelled < zygote_client.STOP_TIMEOUT  # gone at EOF, not killed
     assert not Path(f"/proc/{pid}").exists(), "the zygote is gone and reaped (no zombie)"
     reaped = [r for r in caplog.records if r.getMessage() == "zygote reaped"]
     assert [(r.pid, r.code) for r in reaped] == [(pid, 0)]  # exited at EOF, not killed

@@ -9,14 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 import uuid
 from pathlib import Path
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start, read_records, spawn_worker
+from helpers.fleet import start_supervisor, supervisor_toml
+from helpers.worker_helpers import make_start, read_records, spawn_worker, stop_in
 from trio_websocket import WebSocketRequest, serve_websocket
 
 from shard_worker.contract.pipe import Decoder as ProtocolDecoder
@@ -24,7 +24,6 @@ from shard_worker.contract.pipe import (
     Ready,
     SinkSpec,
     Start,
-    Stop,
     Stopped,
     StreamSpec,
     WorkerSettings,
@@ -228,7 +227,7 @@ async def test_the_child_sends_the_headers_and_never_logs_them(tmp_path: Path, n
         with trio.fail_after(5):
             while not read_records(tmp_path / "shard-1" / "a.1.jsonl"):
                 await trio.sleep(0.02)
-        await worker.send(Stop(reason="test", deadline=time.monotonic() + 5))
+        await worker.send(stop_in())
         await worker.wait_for(Stopped)
     assert seen and seen[0]["authorization"] == "Bearer hd-secret"
     assert "hd-secret" not in worker.log
@@ -300,33 +299,28 @@ async def test_a_secret_never_appears_in_any_output(tmp_path, moto_server, table
         dead_port = dead.getsockname()[1]
     # The secret in the URL's user info (which the child's "connected to" line shows), in its
     # query (which it strips), and in a header (never logged): redaction must catch the first.
+    user = "feed:${FEED_TOKEN}@127.0.0.1"
+    streams = [
+        {
+            "id": "n1-a",
+            "sequence": "seq",
+            "url": f"ws://{user}:{port}/feed/n1-a?after={{after}}&token=${{FEED_TOKEN}}",
+            "headers": {"Authorization": "Bearer ${FEED_TOKEN}"},
+        },
+        {"id": "n1-dead", "url": f"ws://{user}:{dead_port}/x"},
+    ]
     config = tmp_path / "w1.toml"
     config.write_text(
-        f'[worker]\nid = "w1"\n'
-        f'[dynamodb]\ntable = "{table_name}"\nendpoint_url = "{moto_server.url}"\n'
-        '[lease]\nduration = "2s"\nheartbeat_interval = "500ms"\nreconcile_interval = "500ms"\n'
-        '[supervisor]\nshutdown_timeout = "5s"\ncheckpoint_interval = "200ms"\n'
-        '[sink]\npath = "out/{shard}/{stream}.{epoch}.jsonl"\n'
-        '[log]\nlevel = "debug"\nformat = "json"\n'
-        '[http]\nlisten = ""\n'
-        '[[shards]]\nid = "n1"\n'
-        '[[shards.streams]]\nid = "n1-a"\nsequence = "seq"\n'
-        f'url = "ws://feed:${{FEED_TOKEN}}@127.0.0.1:{port}/feed/n1-a?after={{after}}'
-        '&token=${FEED_TOKEN}"\n'
-        'headers = { Authorization = "Bearer ${FEED_TOKEN}" }\n'
-        f'[[shards.streams]]\nid = "n1-dead"\nurl = "ws://feed:${{FEED_TOKEN}}@127.0.0.1:{dead_port}/x"\n'
-    )
-    env = {**os.environ, "FEED_TOKEN": secret, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=env,
+        supervisor_toml(
+            table_name,
+            moto_server.url,
+            [{"id": "n1", "streams": streams}],
+            log={"level": "debug", "format": "json"},
         )
+    )
+    env = {**os.environ, "FEED_TOKEN": secret, "PYTHONPATH": str(REPO)}
+    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    proc = await start_supervisor(config, stdout, stderr, env={"FEED_TOKEN": secret})
     try:
         sink = tmp_path / "out" / "n1" / "n1-a.1.jsonl"
         with trio.fail_after(30):

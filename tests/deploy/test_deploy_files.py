@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,29 @@ import botocore.session
 import pytest
 import yaml
 from botocore.validate import ParamValidator
+from helpers.deploy_files import (
+    CFN_TEMPLATE,
+    CONFIG_PATH,
+    DEPLOY_DOC,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    DYNAMO_STORE,
+    ECS_TASK,
+    EXAMPLE_CONFIG,
+    HEALTH_URL,
+    IAM_POLICY,
+    IMAGE_UID,
+    INSTALL_SCRIPT,
+    LAST_WILL,
+    ROOT,
+    SINK_DIR,
+    TABLE_DOC,
+    UNIT_FILE,
+    VENV_BIN,
+    console_script_name,
+    docker_args,
+    dockerfile_instructions,
+)
 from moto import mock_aws
 
 from shard_worker.contract.pipe import SinkSpec
@@ -41,25 +63,6 @@ from supervisor.adapters.lease_store.dynamodb import (
 from supervisor.cli import main as cli_main
 from supervisor.config.model import SupervisorConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-UNIT_FILE = ROOT / "conf" / "shardvisor.service"
-INSTALL_SCRIPT = ROOT / "scripts" / "install-systemd.sh"
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
-ECS_TASK = ROOT / "conf" / "ecs-task-definition.json"
-IAM_POLICY = ROOT / "docs" / "iam-policy.json"
-TABLE_DOC = ROOT / "docs" / "dynamodb-table.md"
-DEPLOY_DOC = ROOT / "docs" / "deploy.md"
-CFN_TEMPLATE = ROOT / "conf" / "dynamodb-table.cfn.yaml"
-EXAMPLE_CONFIG = ROOT / "conf" / "shardvisor.example.toml"
-DYNAMO_STORE = ROOT / "supervisor" / "adapters" / "lease_store" / "dynamodb"  # a package
-LAST_WILL = ROOT / "shard_worker" / "adapters" / "last_will.py"  # a child's two writes
-
-VENV_BIN = "/opt/shardvisor/venv/bin/shardvisor"
-CONFIG_PATH = "/etc/shardvisor/shardvisor.toml"
-SINK_DIR = "/var/lib/shardvisor"
-HEALTH_URL = "http://127.0.0.1:9400/healthz"
-IMAGE_UID = "10001"
 DEFAULT_SHUTDOWN = SupervisorConfig().shutdown_timeout
 
 # Data-plane calls of the store; CreateTable/UpdateTable only ever with create_table = true.
@@ -114,29 +117,6 @@ def unit() -> dict[str, dict[str, list[str]]]:
     return parse_unit(UNIT_FILE.read_text())
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    instructions: list[tuple[str, str]] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        stripped = raw.strip()
-        if stripped.startswith("#") or (not stripped and not pending):
-            continue
-        line = pending + stripped
-        if line.endswith("\\"):
-            pending = line[:-1] + " "
-            continue
-        pending = ""
-        if line:
-            keyword, _, args = line.partition(" ")
-            instructions.append((keyword.upper(), args.strip()))
-    return instructions
-
-
-def docker_args(instructions: list[tuple[str, str]], keyword: str) -> list[str]:
-    return [args for kw, args in instructions if kw == keyword]
-
-
 class _CfnLoader(yaml.SafeLoader):
     """YAML with CloudFormation's short tags: !Ref X -> {"Ref": X}, !GetAtt A.B ->
     {"Fn::GetAtt": "A.B"}, !Sub/!If/!Equals... -> {"Fn::<tag>": value}."""
@@ -189,12 +169,6 @@ def store_api_calls() -> dict[str, str]:
     unknown = methods - mapping.keys()
     assert not unknown, f"not DynamoDB client methods (or add them to NOT_API_CALLS): {unknown}"
     return {method: mapping[method] for method in methods}
-
-
-def console_script_name() -> str:
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    (name,) = [name for name, target in scripts.items() if target == "supervisor.cli:main"]
-    return name
 
 
 # --- the systemd unit -------------------------------------------------------------------------

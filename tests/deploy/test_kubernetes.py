@@ -18,17 +18,20 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.live_supervisor import LiveSupervisor, running_feed, wait_for
-from kubernetes_validate import utils as kubernetes_validate
-from test_deploy_files import (  # the Dockerfile as the other deployment tests read it
+from helpers.deploy_files import (  # the Dockerfile as the other deployment tests read it
+    BENCHMARKS_DOC,
     CONFIG_PATH,
+    DEPLOY_DOC,
     ECS_TASK,
     IMAGE_UID,
+    K8S_DIR,
     SINK_DIR,
     console_script_name,
     docker_args,
     dockerfile_instructions,
 )
+from helpers.live_supervisor import LiveSupervisor, running_feed, wait_for
+from kubernetes_validate import utils as kubernetes_validate
 
 from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import parse_listen
@@ -36,10 +39,6 @@ from supervisor.adapters.worker_id import POD_NAME_ENV
 from supervisor.cli import main as cli_main
 from supervisor.config.loading import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S_DIR = ROOT / "conf" / "kubernetes"
-DEPLOY_DOC = ROOT / "docs" / "deploy.md"
-BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 KINDS = {"Deployment", "PodDisruptionBudget", "ServiceAccount", "ConfigMap", "Service"}
 # The oldest Kubernetes docs/deploy.md promises (PodDisruptionBudget's
 # unhealthyPodEvictionPolicy is GA from 1.31), and the newest the validator ships.
@@ -159,7 +158,7 @@ def test_resources_are_sized_for_max_shards_from_the_benchmarks(k8s, config) -> 
     text = (K8S_DIR / "deployment.yaml").read_text()
     assert f"Sized for [worker] max_shards = {config.worker.max_shards} " in text
     assert config.worker.max_shards > 0
-    benchmarks = BENCHMARKS.read_text()
+    benchmarks = BENCHMARKS_DOC.read_text()
     for row, heading in (("row 5", "## 5. Memory per host"), ("row 7", "## 7. Scale on one host")):
         assert row in text and heading in benchmarks, f"deployment.yaml cites {row}: {heading}"
 

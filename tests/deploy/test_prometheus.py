@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import pytest
 import yaml
+from helpers.deploy_files import ALERTS, DASHBOARD, DEPLOY_DOC, K8S_DIR
 from helpers.live_supervisor import (
     LiveProcess,
     LiveSupervisor,
@@ -39,11 +40,8 @@ from helpers.live_supervisor import (
     wait_for,
 )
 
-from supervisor.devtools.fleet import child_pids
+from supervisor.devtools.fleet import child_pids, fleet_config
 
-ROOT = Path(__file__).resolve().parents[2]
-ALERTS = ROOT / "conf" / "prometheus-alerts.yml"
-DASHBOARD = ROOT / "conf" / "grafana-dashboard.json"
 ALERT_CASES = Path(__file__).with_name("prometheus-alerts.test.yml")
 SKIP_REASON = "the {} binary is not on PATH (Debian: apt-get install prometheus)"
 SHARDS = {"p1": ["p1-a", "p1-b"], "p2": ["p2-a"], "p3": ["p3-a"], "p4": ["p4-a"]}
@@ -162,25 +160,18 @@ class LiveFleet:
     scrape: Scrape
 
 
-def fleet_config(worker: str, table: str, ddb_url: str, feed_url: str) -> dict[str, Any]:
-    return {
-        "worker": {"id": worker},
-        "dynamodb": {"table": table, "endpoint_url": ddb_url},
-        # Short leases: the failover below takes seconds, not the default's ten.
-        "lease": {"duration": "2s", "heartbeat_interval": "500ms", "reconcile_interval": "500ms"},
-        "supervisor": {"shutdown_timeout": "5s", "checkpoint_interval": "200ms"},
-        "http": {"listen": "127.0.0.1:0"},
-        "shards": [
-            {
-                "id": shard,
-                "streams": [
-                    {"id": s, "url": f"{feed_url}/{s}?after={{after}}", "sequence": "seq"}
-                    for s in streams
-                ],
-            }
-            for shard, streams in SHARDS.items()
-        ],
-    }
+# Short leases: the failover below takes seconds, not the default's ten.
+SETTINGS = {
+    "lease": {"duration": "2s", "heartbeat_interval": "500ms", "reconcile_interval": "500ms"},
+    "supervisor": {"shutdown_timeout": "5s", "checkpoint_interval": "200ms"},
+    "http": {"listen": "127.0.0.1:0"},
+}
+
+
+def config(worker: str, table: str, ddb_url: str, feed_url: str) -> dict[str, Any]:
+    return fleet_config(
+        worker, table=table, ddb_url=ddb_url, feed_url=feed_url, shards=SHARDS, sections=[SETTINGS]
+    )
 
 
 def shards_held(supervisor: LiveSupervisor) -> float:
@@ -206,14 +197,12 @@ def live(tmp_path_factory, dynalite_server) -> Iterator[LiveFleet]:
     with running_feed(root, rate=50.0) as feed_url:
         (root / "w1").mkdir()
         (root / "w2").mkdir()
-        w1 = LiveSupervisor(root / "w1", fleet_config("w1", table, dynalite_server.url, feed_url))
+        w1 = LiveSupervisor(root / "w1", config("w1", table, dynalite_server.url, feed_url))
         w2: LiveSupervisor | None = None
         try:
             w1.wait_status("/readyz", 200)
             wait_for(lambda: shards_held(w1) == len(SHARDS), 30, "w1 holding every shard")
-            w2 = LiveSupervisor(
-                root / "w2", fleet_config("w2", table, dynalite_server.url, feed_url)
-            )
+            w2 = LiveSupervisor(root / "w2", config("w2", table, dynalite_server.url, feed_url))
             wait_for(lambda: shards_held(w2) > 0, 30, "a hand-off to w2")
             w2.kill_host()
             wait_for(lambda: shards_held(w1) == len(SHARDS), 30, "the failover to w1")
@@ -259,7 +248,7 @@ def test_alerts_fire_on_their_trouble_and_stay_quiet_otherwise(tmp_path) -> None
 
 
 def test_the_scrape_config_in_the_docs_passes_promtool(tmp_path) -> None:
-    doc = (ROOT / "docs" / "deploy.md").read_text()
+    doc = DEPLOY_DOC.read_text()
     (block,) = [
         b for b in re.findall(r"```yaml\n(.*?)```", doc, flags=re.S) if "scrape_configs" in b
     ]
@@ -277,7 +266,7 @@ def test_the_scrape_config_in_the_docs_passes_promtool(tmp_path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    service = yaml.safe_load((ROOT / "conf" / "kubernetes" / "service.yaml").read_text())
+    service = yaml.safe_load((K8S_DIR / "service.yaml").read_text())
     (keep,) = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
     assert keep["regex"] == f"{service['metadata']['name']};{service['spec']['ports'][0]['name']}"
 

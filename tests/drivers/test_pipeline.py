@@ -296,6 +296,36 @@ async def test_a_raising_handler_is_retried_then_fails_the_batch() -> None:
     await HandlerSink(recovers, backoff_initial=0.001).deliver([rec(1)])  # second try returns
 
 
+async def test_a_handler_thread_that_starts_after_the_fence_does_not_call_the_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fence is checked when the batch is handed to the handler's worker thread; on a busy
+    machine that thread may start after the deadline. Then the handler must not be called
+    (the delivery was cancelled, its records are not checkpointed: a call would be a write past
+    the fence). Here every worker thread starts 0.6 s late: the fence passes at 0.3 s."""
+    real_start = trio._threads.start_thread_soon  # type: ignore[attr-defined]
+
+    def start_late(fn: Any, deliver: Any, name: str | None = None) -> None:
+        def late() -> Any:
+            time.sleep(0.6)
+            return fn()
+
+        real_start(late, deliver, name)
+
+    monkeypatch.setattr(trio._threads, "start_thread_soon", start_late)
+    called: list[float] = []
+    pipeline = make(
+        tmp_path, HandlerSink(lambda batch: called.append(time.monotonic())), fence_in=0.3
+    )
+    with raises_in_group(FenceExpired, match="during a delivery"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pipeline.run)
+            await feed(pipeline, [rec(1)])
+    await trio.to_thread.run_sync(time.sleep, 0.1)  # (late too: after the handler thread)
+    assert called == []
+    assert pipeline.checkpoint() == {"a": 0}
+
+
 async def test_a_sync_handler_that_returns_an_awaitable_is_an_error() -> None:
     async def work() -> None:
         pass

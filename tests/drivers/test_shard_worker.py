@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start, read_records, spawn_worker
-from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+from helpers.feeds import serve_script
+from helpers.worker_helpers import make_start, read_records, spawn_worker, stop_in
 
 from shard_worker.contract.pipe import (
     Checkpoint,
@@ -18,7 +17,6 @@ from shard_worker.contract.pipe import (
     Fence,
     Hello,
     Ready,
-    Stop,
     Stopped,
     StreamSpec,
     encode,
@@ -26,15 +24,6 @@ from shard_worker.contract.pipe import (
 from supervisor.devtools.feed import FeedServer
 
 pytestmark = pytest.mark.slow
-RATE = 2000.0
-
-
-@pytest.fixture
-async def feed(nursery: trio.Nursery) -> AsyncIterator[tuple[FeedServer, str]]:
-    """A feed on a free port, and a stream URL template using the worker's placeholders."""
-    server = FeedServer(rate=RATE)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    yield server, f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
 
 
 def spec(url: str, stream: str = "a") -> StreamSpec:
@@ -47,10 +36,6 @@ def sink_file(out: Path, stream: str = "a", shard: str = "shard-1", epoch: int =
 
 def seqs(path: Path) -> list[int]:
     return [record["seq"] for record in read_records(path)]
-
-
-def stop_in(seconds: float = 5.0, reason: str = "test") -> Stop:
-    return Stop(reason=reason, deadline=time.monotonic() + seconds)
 
 
 async def test_checkpoints_follow_the_sink_and_stop_reports_the_last_line(
@@ -185,12 +170,13 @@ async def test_fence_messages_move_the_deadline(
 ) -> None:
     _, url = feed
     async with spawn_worker() as worker:
-        # 1 s: even a loaded machine gets the Fence to the child before the first deadline.
+        # The Fence right behind the Start (the pipe keeps the order): the child applies it as
+        # soon as it is ready, well before the first deadline, even on a loaded machine.
         start = make_start([spec(url)], tmp_path, fence_in=1.0)
         first_deadline_wall = time.time() + (start.fence_deadline - time.monotonic())
         await worker.send(start)
-        await worker.expect(Ready)
         await worker.send(Fence(deadline=time.monotonic() + 30))
+        await worker.expect(Ready)
         await trio.sleep(1.6)  # well past the first deadline
         await worker.send(stop_in())
         stopped = await worker.wait_for(Stopped)  # (and no Error on the way)
@@ -198,30 +184,6 @@ async def test_fence_messages_move_the_deadline(
     records = read_records(sink_file(tmp_path))
     assert records[-1]["ts"] > first_deadline_wall + 0.2
     assert stopped.checkpoint["a"] == records[-1]["seq"]
-
-
-async def serve_script(
-    scripts: dict[str, list[str | bytes]],
-    subscribed: dict[str, str],
-    *,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """A tiny feed that sends a fixed list of frames per path, then holds the connection."""
-
-    async def handler(request: WebSocketRequest) -> None:
-        ws = await request.accept()
-        name = request.path.strip("/")
-        subscribed[name] = str(await ws.get_message())
-        try:
-            for frame in scripts[name]:
-                await ws.send_message(frame)
-            await trio.sleep_forever()
-        except ConnectionClosed:
-            return  # the worker stopped
-
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        task_status.started(server.port)
 
 
 async def test_malformed_messages_are_dead_lettered_and_frames_are_decoded(

@@ -1,6 +1,6 @@
 """The supervisor's loops on a virtual clock: in-memory store, fake children, exact times.
 
-These run instantly under ``MockClock(autojump_threshold=0)``; the same rules are exercised with
+These run instantly under pytest-trio's ``autojump_clock``; the same rules are exercised with
 real processes and real servers in test_e2e_fleet.py.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import attrs
 import pytest
 import trio
-import trio.testing
 from helpers.fake_child import FakeChild, Write
 
 from shard_worker.contract.pipe import StreamSpec
@@ -27,11 +26,6 @@ from supervisor.drivers.shard_runner import HELLO_TIMEOUT
 
 DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
 MARGIN = DURATION / 5
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def config(shards: int) -> Config:

@@ -4,12 +4,8 @@ with a loud warning. A real TLS feed on 127.0.0.1 with a certificate from a test
 from __future__ import annotations
 
 import json
-import os
 import signal
 import ssl
-import subprocess
-import sys
-import time
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,14 +14,15 @@ import attrs
 import pytest
 import trio
 import trustme
-from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker
+from helpers.feeds import start_feed
+from helpers.fleet import start_supervisor, supervisor_toml
+from helpers.worker_helpers import FAST_SETTINGS, make_start, read_records, spawn_worker, stop_in
 
 from shard_worker.adapters.tls import client_tls_context
 from shard_worker.contract.pipe import (
     VERIFY_OFF_WARNING,
     Checkpoint,
     Ready,
-    Stop,
     Stopped,
     StreamSpec,
     WorkerSettings,
@@ -53,9 +50,7 @@ async def wss_feed(ca: trustme.CA, nursery: trio.Nursery) -> AsyncIterator[tuple
     """A feed serving wss:// with a certificate for 127.0.0.1 signed by the test CA."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-    server = FeedServer(rate=500.0, ssl_context=context)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    yield server, f"wss://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
+    yield await start_feed(nursery, 500.0, ssl_context=context)
 
 
 def tls_problem(text: str) -> str:
@@ -104,7 +99,7 @@ async def run_until_written(url: str, tmp_path: Path, settings: WorkerSettings) 
         await worker.send(make_start([spec(url)], tmp_path, settings=settings))
         await worker.expect(Ready)
         await worker.wait_for(Checkpoint, timeout=10, predicate=lambda c: c.checkpoint["a"] >= 100)
-        await worker.send(Stop(reason="test", deadline=time.monotonic() + 5))
+        await worker.send(stop_in())
         await worker.wait_for(Stopped)
         assert await worker.wait() == 0
     return worker.log
@@ -122,7 +117,7 @@ async def test_an_unknown_ca_is_refused_and_retried_and_nothing_is_written(
             while worker.log.count("certificate verify failed") < 3:
                 await trio.sleep(0.02)
         assert worker.process.returncode is None  # retried, never fatal
-        await worker.send(Stop(reason="test", deadline=time.monotonic() + 5))
+        await worker.send(stop_in())
         stopped = await worker.wait_for(Stopped)
         assert await worker.wait() == 0
     assert stopped.written == 0 and stopped.checkpoint == {}
@@ -177,27 +172,19 @@ async def test_a_supervisor_with_verify_false_warns_at_start_and_in_its_child(
     tmp_path: Path, moto_server, table_name: str, wss_feed: tuple[FeedServer, str]
 ) -> None:
     _, url = wss_feed
+    stream = {"id": "a", "sequence": "seq", "url": url}
     config = tmp_path / "w1.toml"
     config.write_text(
-        f'[worker]\nid = "w1"\n'
-        f'[dynamodb]\ntable = "{table_name}"\nendpoint_url = "{moto_server.url}"\n'
-        '[lease]\nduration = "2s"\nheartbeat_interval = "500ms"\nreconcile_interval = "500ms"\n'
-        '[supervisor]\nshutdown_timeout = "5s"\ncheckpoint_interval = "200ms"\n'
-        '[sink]\npath = "out/{shard}/{stream}.{epoch}.jsonl"\n'
-        '[http]\nlisten = ""\n'
-        "[tls]\nverify = false\n"
-        f'[[shards]]\nid = "t1"\n[[shards.streams]]\nid = "a"\nsequence = "seq"\nurl = "{url}"\n'
+        supervisor_toml(
+            table_name,
+            moto_server.url,
+            [{"id": "t1", "streams": [stream]}],
+            log={"level": "info"},
+            tls={"verify": False},
+        )
     )
     stderr = tmp_path / "stderr.log"
-    with stderr.open("wb") as err:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "run", "-c", str(config)],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
-        )
+    proc = await start_supervisor(config, stdout=stderr, stderr=stderr)
     try:
         with trio.fail_after(30):
             while len(read_records(tmp_path / "out" / "t1" / "a.1.jsonl")) < 50:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from helpers.worker_helpers import make_start, read_records, spawn_worker
-from test_shard_worker import serve_script
+from helpers.feeds import serve_script, start_feed
+from helpers.worker_helpers import make_start, read_records, spawn_worker, stop_in
 
 from shard_worker.adapters.sinks.aws import make_client
 from shard_worker.contract.pipe import (
@@ -23,7 +22,6 @@ from shard_worker.contract.pipe import (
     Heartbeat,
     Ready,
     SinkSpec,
-    Stop,
     Stopped,
     StreamSpec,
 )
@@ -31,22 +29,6 @@ from supervisor.devtools.feed import FeedServer
 from supervisor.devtools.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
-
-
-async def start_feed(nursery: trio.Nursery, rate: float) -> tuple[FeedServer, str]:
-    """A feed on 127.0.0.1 sending ``rate`` messages/s per stream, and its URL template."""
-    server = FeedServer(rate=rate)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    return server, f"ws://127.0.0.1:{port}/feed/{{shard}}-{{stream}}?after={{after}}"
-
-
-@pytest.fixture
-async def feed(nursery: trio.Nursery) -> AsyncIterator[tuple[FeedServer, str]]:
-    yield await start_feed(nursery, 2000.0)
-
-
-def stop_in(seconds: float = 5.0) -> Stop:
-    return Stop(reason="test", deadline=time.monotonic() + seconds)
 
 
 def handled(out: Path, stream: str = "a", epoch: int = 1) -> list[dict[str, Any]]:
@@ -169,9 +151,7 @@ async def test_a_sink_slower_than_the_feed_keeps_memory_flat_and_loses_nothing(
     """The feed sends 5,000 messages/s, the handler takes 500/s: readers stop reading, TCP
     pushes back, the child's RSS stays flat; after stop, everything up to the checkpoint was
     handled, exactly once."""
-    server = FeedServer(rate=5000.0)
-    port = await nursery.start(server.serve, "127.0.0.1", 0)
-    url = f"ws://127.0.0.1:{port}/feed/{{stream}}?after={{after}}"
+    server, url = await start_feed(nursery, 5000.0)
     env = handler_env(tmp_path, SINK_HANDLER_RATE="500")
     sink = handler_sink("slow", batch_max_records=100)
     samples: list[float] = []
@@ -194,7 +174,8 @@ async def test_a_sink_slower_than_the_feed_keeps_memory_flat_and_loses_nothing(
         assert await worker.wait() == 0
     last = stopped.checkpoint["a"]
     assert [r["seq"] for r in handled(tmp_path)] == list(range(1, last + 1))
-    assert server.last_seq("a") > 5 * last, "the feed ran well ahead: backpressure held it back"
+    ahead = server.last_seq("shard-1-a")
+    assert ahead > 5 * last, "the feed ran well ahead: backpressure held it back"
     settled = samples[3:]
     assert max(settled) - min(settled) < 8, f"RSS grew under backpressure: {samples}"
 
@@ -292,11 +273,13 @@ async def test_stdout_sink_writes_only_records_to_stdout(
 # --- Kinesis and SQS through a real child, against moto's server ------------------------------
 
 
-async def run_child_to(url: str, tmp_path: Path, sink: SinkSpec, at_least: int = 200) -> Stopped:
+async def run_child_to(
+    stream: StreamSpec, tmp_path: Path, sink: SinkSpec, at_least: int = 200
+) -> Stopped:
     """Run a child until ``at_least`` records are checkpointed, then stop it; the stop
     deadline leaves it time to deliver what it had queued (up to a channel of 256 records)."""
     async with spawn_worker() as worker:
-        await worker.send(make_start([StreamSpec("a", url, sequence="seq")], tmp_path, sink=sink))
+        await worker.send(make_start([stream], tmp_path, sink=sink))
         await worker.expect(Ready, timeout=10)
         await worker.wait_for(
             Checkpoint, timeout=20, predicate=lambda c: c.checkpoint.get("a", 0) >= at_least
@@ -322,7 +305,7 @@ async def test_kinesis_sink_through_a_child(
         endpoint_url=moto_server.url,
         batch_max_wait=0.1,
     )
-    stopped = await run_child_to(url, tmp_path, sink)
+    stopped = await run_child_to(StreamSpec("a", url, sequence="seq"), tmp_path, sink)
     shard_id = client.list_shards(StreamName=name)["Shards"][0]["ShardId"]
     iterator = client.get_shard_iterator(
         StreamName=name, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
@@ -343,9 +326,15 @@ async def test_kinesis_sink_through_a_child(
 async def test_sqs_fifo_sink_through_a_child(
     nursery: trio.Nursery, tmp_path: Path, moto_server: ServerProcess
 ) -> None:
-    # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the
-    # queue): a feed slower than that keeps the queue the child drains on Stop short.
-    _, url = await start_feed(nursery, 100.0)
+    # moto's server takes 40-300 ms per FIFO SendMessageBatch of 10 (it grows with the queue,
+    # and with the load on the machine): a live feed outruns it, and after Stop the child
+    # had up to a channel of records (256) left to deliver within the stop deadline. A feed
+    # of exactly COUNT messages lets the test wait until all of them are delivered (the
+    # checkpoint) and stop the child with nothing left queued.
+    count = 120
+    frames: list[str | bytes] = [json.dumps({"seq": n}) for n in range(1, count + 1)]
+    port = await nursery.start(serve_script, {"a": frames}, {})
+    stream = StreamSpec("a", f"ws://127.0.0.1:{port}/a", sequence="seq", subscribe="go")
     client = make_client("sqs", "us-east-1", moto_server.url)
     queue = client.create_queue(
         QueueName=f"q-{uuid.uuid4().hex[:10]}.fifo", Attributes={"FifoQueue": "true"}
@@ -357,7 +346,7 @@ async def test_sqs_fifo_sink_through_a_child(
         endpoint_url=moto_server.url,
         batch_max_wait=0.05,
     )
-    stopped = await run_child_to(url, tmp_path, sink, at_least=100)
+    stopped = await run_child_to(stream, tmp_path, sink, at_least=count)
     bodies: list[dict[str, Any]] = []
     while True:
         messages = client.receive_message(

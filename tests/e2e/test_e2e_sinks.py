@@ -5,25 +5,16 @@ never interleaved. Real processes, moto's DynamoDB server over HTTP, a real feed
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import trio
 from helpers.fleet import STREAMS, Fleet
+from helpers.worker_helpers import pythonpath
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("ddb_url", ["moto"], indirect=True),  # the sinks, not the store
 ]
-
-TESTS = Path(__file__).resolve().parents[1]
-
-
-def pythonpath() -> str:
-    """tests/ (for sink_handlers) and the repository, for the supervisor and its children."""
-    parts = (str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", ""))
-    return os.pathsep.join(p for p in parts if p)
 
 
 async def wait_handled(fleet: Fleet, at_least: int, timeout: float) -> None:

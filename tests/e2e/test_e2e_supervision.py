@@ -4,7 +4,6 @@ a real DynamoDB server."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
@@ -12,7 +11,15 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers.fleet import DURATION, RECONCILE, STREAMS
+from helpers.fleet import (
+    DURATION,
+    RECONCILE,
+    STREAMS,
+    assert_no_gap_and_no_overlap,
+    catch_up,
+    start_writing,
+    wait_for_log,
+)
 
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
 from supervisor.devtools.fleet import alive, child_pids
@@ -27,13 +34,6 @@ def faulty(fleet, mode: str, **supervisor: object) -> None:
         "worker_command": [sys.executable, FAULTY, mode],
         **supervisor,
     }
-
-
-async def wait_for_log(fleet, worker: str, pattern: str, timeout: float) -> re.Match:
-    with trio.fail_after(timeout):
-        while not (match := re.search(pattern, fleet.log(worker))):
-            await trio.sleep(0.05)
-    return match
 
 
 async def test_a_child_stuck_in_a_busy_loop_is_replaced_within_hang_timeout(fleet):
@@ -96,9 +96,7 @@ async def test_sigkill_of_the_supervisor_its_children_release_their_shards_and_e
     """Orphaned children stop writing, release their own shard (the last will, which imports
     boto3 and makes two requests) and exit: bounded by the will's own deadline."""
     fleet.overrides["supervisor"] = {"spawn": spawn}
-    await fleet.start("w1")
-    for stream in STREAMS:
-        await fleet.wait_written(stream, 1, timeout=10)
+    await start_writing(fleet, "w1")
     children = child_pids(fleet.procs["w1"].pid)
     assert len(children) == len(fleet.shards)
     fleet.kill("w1")
@@ -116,14 +114,9 @@ async def test_a_frozen_host_never_writes_after_a_peer_took_over(fleet, whole_gr
     """SIGSTOP for 2 x lease.duration: the peer takes every shard; the frozen host's children
     stop at their fence (or, if frozen too, find it passed when continued); after SIGCONT the
     old supervisor drops what it lost. The sink must show no old epoch after a newer one."""
-    await fleet.start("w1")
-    await fleet.wait_until_owned(by=["w1"], timeout=10)
-    for stream in STREAMS:
-        await fleet.wait_written(stream, 1, timeout=10)
+    await start_writing(fleet, "w1")
     await fleet.start("w2")
-    with trio.fail_after(10):
-        while "w2" not in {w.id for w in (await fleet.snapshot()).workers}:
-            await trio.sleep(0.05)
+    await fleet.wait_registered("w2", timeout=10)
     pid = fleet.procs["w1"].pid
     freeze = os.killpg if whole_group else os.kill
     freeze(pid, signal.SIGSTOP)
@@ -135,13 +128,10 @@ async def test_a_frozen_host_never_writes_after_a_peer_took_over(fleet, whole_gr
     continued = time.time()
     await wait_for_log(fleet, "w1", r"lease lost", 5)
     await trio.sleep(1.5)
-    for stream in STREAMS:
-        await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 50, timeout=10)
+    await catch_up(fleet, behind=50, timeout=10)
     await fleet.stop_all()
-    audits = fleet.audit()
-    for stream, audit in audits.items():
-        assert audit.missing() == [], stream
-        assert audit.interleavings() == [], f"{stream}: an old epoch wrote after a newer one"
+    assert_no_gap_and_no_overlap(fleet, STREAMS)  # no old epoch wrote after a newer one
+    for stream, audit in fleet.audit().items():
         first_epoch = min(audit.epochs)
         late = [r for r in audit.records if r.epoch == first_epoch and r.ts >= continued]
         assert late == [], f"{stream}: the frozen owner wrote after it was continued"

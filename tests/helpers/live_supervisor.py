@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from supervisor.devtools.fleet import render_toml
+
 T = TypeVar("T")
 
 START_DEADLINE = 30.0  # seconds for a process to come up (a loaded 2-core machine)
@@ -80,23 +82,6 @@ def supervisor_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     )
     env.update(extra or {})
     return env
-
-
-def render_toml(config: Mapping[str, Any]) -> str:
-    """Sections of scalars and lists, then [[shards]] with their [[shards.streams]]. JSON's
-    strings, numbers, booleans and arrays of them are valid TOML values."""
-    lines: list[str] = []
-    for section, values in config.items():
-        if section != "shards":
-            lines.append(f"[{section}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-    for shard in config.get("shards", []):
-        lines.append("[[shards]]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in shard.items() if k != "streams"]
-        for stream in shard["streams"]:
-            lines.append("[[shards.streams]]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in stream.items()]
-    return "\n".join(lines) + "\n"
 
 
 class LiveProcess:

@@ -19,7 +19,15 @@ import attrs
 import trio
 
 from shard_worker.adapters.pipes import MessageChannel
-from shard_worker.contract.pipe import Hello, Message, SinkSpec, Start, StreamSpec, WorkerSettings
+from shard_worker.contract.pipe import (
+    Hello,
+    Message,
+    SinkSpec,
+    Start,
+    Stop,
+    StreamSpec,
+    WorkerSettings,
+)
 
 M = TypeVar("M")
 
@@ -99,7 +107,7 @@ class WorkerProcess:
                 into += chunk
 
 
-def _pythonpath() -> str:
+def pythonpath() -> str:
     """The repository first, so the child imports this checkout even when not installed; then
     tests/, so that a handler sink can name the test handlers (tests/helpers/sink_handlers.py)."""
     here = Path(__file__).resolve().parents[1]  # tests/: helpers.sink_handlers
@@ -133,7 +141,7 @@ async def spawn_worker(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
-            env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
+            env={**os.environ, "PYTHONPATH": pythonpath(), **(env or {})},
         )
     finally:
         os.close(control_read)
@@ -186,6 +194,11 @@ def make_start(
         settings=settings,
         fence_deadline=time.monotonic() + fence_in,
     )
+
+
+def stop_in(seconds: float = 5.0, reason: str = "test") -> Stop:
+    """A Stop whose deadline is ``seconds`` from now."""
+    return Stop(reason=reason, deadline=time.monotonic() + seconds)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

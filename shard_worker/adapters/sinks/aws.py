@@ -1,14 +1,17 @@
-"""What the AWS batch sinks (kinesis, sqs) share: one boto3 client per sink, and requests of
-entries sent with bounded retries of only what failed.
+"""What the AWS batch sinks (kinesis, sqs) share: ``AwsBatchSink`` (limits, one boto3 client,
+a batch cut into requests within the limits, resending only what failed, close); a kind says
+only how a record becomes an entry and how one request is sent.
 
 boto3 is imported inside the functions: a worker that writes JSON lines never loads it.
 """
 
 from __future__ import annotations
 
+import abc
 import functools
+import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -173,6 +176,80 @@ async def deliver_entries(
         order = {id(record): position for position, record in enumerate(batch)}
         failed.sort(key=lambda record: order.get(id(record), 0))
         raise DeliveryFailed(failed, "; ".join(reasons))
+
+
+class AwsBatchSink(abc.ABC, Generic[E]):
+    """At-least-once delivery to one AWS destination, ``service``'s (Sink protocol). Subclasses
+    give ``_entry`` (a record's API entry and its size, or why it cannot be sent at all) and
+    ``_send`` (one blocking request). ``client``: a boto3 client to use instead of making one
+    (tests); ``records_limit``, ``bytes_limit``: the API's own, which the batch limits must
+    not exceed."""
+
+    def __init__(
+        self,
+        service: str,
+        *,
+        region: str,
+        endpoint_url: str,
+        max_records: int,
+        records_limit: int,
+        max_bytes: int,
+        bytes_limit: int,
+        max_attempts: int,
+        backoff: tuple[float, float],
+        client: Any,
+        rng: random.Random | None,
+    ) -> None:
+        if not 1 <= max_records <= records_limit:
+            raise ValueError(f"max_records must be in 1..{records_limit}, got {max_records}")
+        if not 1 <= max_bytes <= bytes_limit:
+            raise ValueError(f"max_bytes must be in 1..{bytes_limit}, got {max_bytes}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._max_attempts = max_attempts
+        self._backoff = backoff  # (initial, max) seconds
+        self._rng = rng or random.Random()
+        self._client = client if client is not None else make_client(service, region, endpoint_url)
+        self._closed = False
+
+    @abc.abstractmethod
+    def _entry(self, record: Record) -> tuple[E, int] | str:
+        """``record``'s entry and the bytes it counts against ``max_bytes``, or why it is not
+        sendable (over a limit)."""
+
+    @abc.abstractmethod
+    def _send(self, entries: list[E]) -> list[EntryFailure]:
+        """One request (blocking); the entries the destination did not take, and why."""
+
+    async def deliver(self, batch: Sequence[Record]) -> None:
+        """Send every record of ``batch`` (in several requests if it is over the limits)."""
+        if self._closed:
+            raise RuntimeError("deliver on a closed sink")
+        entries: list[tuple[Record, E, int]] = []
+        rejected: list[tuple[Record, str]] = []
+        for record in batch:
+            made = self._entry(record)
+            if isinstance(made, str):
+                rejected.append((record, made))
+            else:
+                entries.append((record, *made))
+        await deliver_entries(
+            batch,
+            entries,
+            rejected,
+            self._send,
+            max_records=self.max_records,
+            max_bytes=self.max_bytes,
+            max_attempts=self._max_attempts,
+            backoff=lambda: Backoff(*self._backoff, rng=self._rng),
+        )
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await trio.to_thread.run_sync(self._client.close)
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,7 +129,13 @@ class HandlerSink:
         # abandon_on_cancel: at the fence deadline (or the stop deadline) the worker stops
         # waiting for a handler stuck in its thread; the call's outcome is then unknown and its
         # records are not checkpointed (they are delivered again by the next owner).
-        result = await trio.to_thread.run_sync(self.handler, records, abandon_on_cancel=True)
+        not_after = time.monotonic() + (trio.current_effective_deadline() - trio.current_time())
+        try:
+            result = await trio.to_thread.run_sync(
+                self._call_in_thread, records, not_after, abandon_on_cancel=True
+            )
+        except _TooLate:
+            await trio.sleep_forever()  # the deadline has passed: its cancellation is due
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()
@@ -136,5 +143,18 @@ class HandlerSink:
                 "the handler returned an awaitable: declare it `async def` so it is awaited"
             )
 
+    def _call_in_thread(self, records: tuple[Record, ...], not_after: float) -> Any:
+        """The handler, unless the delivery's deadline (time.monotonic()) passed before this
+        worker thread started: on a busy machine it may start late, and the call would then
+        write past the fence for a delivery already cancelled (not checkpointed)."""
+        if time.monotonic() >= not_after:
+            raise _TooLate
+        trio.from_thread.check_cancelled()  # cancelled for another reason meanwhile
+        return self.handler(records)
+
     async def aclose(self) -> None:
         self._closed = True
+
+
+class _TooLate(Exception):
+    """The worker thread started after the delivery's deadline: the handler was not called."""

@@ -13,13 +13,9 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
 from typing import Any
 
-import trio
-
-from shard_worker.adapters.sinks.aws import EntryFailure, deliver_entries, make_client
-from shard_worker.core.backoff import Backoff
+from shard_worker.adapters.sinks.aws import AwsBatchSink, EntryFailure
 from shard_worker.records import Record, record_json
 
 MAX_RECORDS = 10  # SendMessageBatch: entries per request
@@ -38,7 +34,7 @@ def fifo_id(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class SqsSink:
+class SqsSink(AwsBatchSink[dict[str, Any]]):
     """At-least-once delivery to one queue. ``client``: a boto3 SQS client to use instead of
     making one (tests)."""
 
@@ -56,23 +52,21 @@ class SqsSink:
         client: Any = None,
         rng: random.Random | None = None,
     ) -> None:
-        if not 1 <= max_records <= MAX_RECORDS:
-            raise ValueError(f"max_records must be in 1..{MAX_RECORDS}, got {max_records}")
-        if not 1 <= max_bytes <= API_MAX_BYTES:
-            raise ValueError(f"max_bytes must be in 1..{API_MAX_BYTES}, got {max_bytes}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        self.max_records = max_records
-        self.max_bytes = max_bytes  # also the largest single message
+        super().__init__(
+            "sqs",
+            region=region,
+            endpoint_url=endpoint_url,
+            max_records=max_records,
+            records_limit=MAX_RECORDS,
+            max_bytes=max_bytes,  # also the largest single message
+            bytes_limit=API_MAX_BYTES,
+            max_attempts=max_attempts,
+            backoff=(backoff_initial, backoff_max),
+            client=client,
+            rng=rng,
+        )
         self.queue_url = queue_url
         self.fifo = queue_url.endswith(".fifo")
-        self._max_attempts = max_attempts
-        self._backoff = (backoff_initial, backoff_max)
-        self._rng = rng or random.Random()
-        if client is None:
-            client = make_client("sqs", region, endpoint_url)
-        self._client = client
-        self._closed = False
 
     def entry(self, record: Record) -> tuple[dict[str, Any], int]:
         """The SendMessageBatch entry for ``record`` (without its Id), and its size as SQS
@@ -102,29 +96,11 @@ class SqsSink:
     def size(self, record: Record) -> int:
         return self.entry(record)[1]
 
-    async def deliver(self, batch: Sequence[Record]) -> None:
-        """Send every record of ``batch`` (in several requests if it is over the limits)."""
-        if self._closed:
-            raise RuntimeError("deliver on a closed sink")
-        entries: list[tuple[Record, dict[str, Any], int]] = []
-        rejected: list[tuple[Record, str]] = []
-        for record in batch:
-            entry, size = self.entry(record)
-            if size > self.max_bytes:
-                why = f"record {record.stream}:{record.seq}: {size} bytes > {self.max_bytes}"
-                rejected.append((record, why))
-            else:
-                entries.append((record, entry, size))
-        await deliver_entries(
-            batch,
-            entries,
-            rejected,
-            self._send,
-            max_records=self.max_records,
-            max_bytes=self.max_bytes,
-            max_attempts=self._max_attempts,
-            backoff=lambda: Backoff(*self._backoff, rng=self._rng),
-        )
+    def _entry(self, record: Record) -> tuple[dict[str, Any], int] | str:
+        entry, size = self.entry(record)
+        if size > self.max_bytes:
+            return f"record {record.stream}:{record.seq}: {size} bytes > {self.max_bytes}"
+        return entry, size
 
     def _send(self, entries: list[dict[str, Any]]) -> list[EntryFailure]:
         """One SendMessageBatch request (blocking); the entries SQS did not take, and why.
@@ -139,8 +115,3 @@ class SqsSink:
             )
             for failed in response.get("Failed", [])
         ]
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await trio.to_thread.run_sync(self._client.close)
