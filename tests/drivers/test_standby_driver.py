@@ -64,6 +64,7 @@ class Harness:
     children: dict[str, list[FakeChild]] = attrs.field(factory=dict)  # by worker
     never_ready: set[str] = attrs.field(factory=set)  # workers whose standbys never get ready
     standby_crashes: Counter = attrs.field(factory=Counter)  # (worker, shard) -> crashes left
+    linger: float = 0.0  # every child's exit after its last message (FakeChild.linger)
 
     def supervisor(self, worker: str, store: MemoryLeaseStore | None = None) -> Supervisor:
         async def spawn(shard_id: str):
@@ -79,6 +80,7 @@ class Harness:
                 feed=feed,
                 crash_as_standby=crash,
                 never_ready=worker in self.never_ready,
+                linger=self.linger,
             )
             self.children.setdefault(worker, []).append(child)
             return child, []
@@ -144,6 +146,23 @@ async def test_sigterm_hands_off_make_before_break_without_loss_or_duplicates(au
     assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="timeout") == 0
     assert metric(w2, "shardvisor_promotions_total", kind="handoff") == 2
     assert all(not c.gaps for c in h.children["w2"])
+
+
+async def test_the_owner_releases_on_its_childs_stopped_not_on_its_exit(autojump_clock):
+    """A child reports ``stopped`` after its last write and its sink's close; its exit
+    (interpreter teardown) may take a while on a busy host: the successor's take, and so the
+    writer gap, does not wait for it."""
+    h = Harness(config(shards=1), linger=5.0)
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery)
+        asked = trio.current_time()
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        took = trio.current_time() - asked
+        nursery.cancel_scope.cancel()
+    assert took < 1.0
+    assert continuity(h.writes, "s0") == ([], [])
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
 
 
 async def owner_then_peer(h: Harness, nursery: trio.Nursery) -> tuple[Supervisor, Supervisor]:
