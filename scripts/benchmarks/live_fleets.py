@@ -81,7 +81,8 @@ async def live_fleet(setup: Setup, trials: int, server_url: str, quick: bool) ->
                     if proc.returncode is not None:
                         await fleet.start(worker)
             print(f"  {setup.name} trial {trial + 1}/{trials}: {_short(events[-1])}", flush=True)
-        await _settled(fleet, setup)  # the victim's share back: hand-offs too
+        if not quick:
+            await _settled(fleet, setup)  # the victim's share back: hand-offs too
         await trio.sleep(1.0)  # the last new owners write for a while
     finally:
         codes = await stop(fleet)

@@ -25,7 +25,7 @@ STEPS = (
     ("ready", "new", "standby ready for a hand-off", None),
     ("stop_sent", "old", "successor ", "old"),  # "successor N ready: stopping at the cut"
     ("stopped", "old", "stopped (", "old"),  # the child's own line
-    ("released", "old", "released:", "old"),
+    ("released", "old", "released at the child's stop", "old"),
     ("seen", "new", "released to us: taking", "old"),
     ("taken", "new", "took shard", "new"),
 )

@@ -380,9 +380,16 @@ class ShardRunner:
         stop = self._stop
         if stop is None or self.is_standby or self.state is RunnerState.LOST:
             return
+        written = False
         with trio.move_on_after(RELEASE_TIMEOUT):
-            await self._release_lease(False, stop.successor)
+            written = await self._release_lease(False, stop.successor)
             self._released = True
+        if written:
+            log.info(
+                "released at the child's stop (successor %s)",
+                stop.successor or "any",
+                extra=self._extra(checkpoint=self.checkpoint),
+            )
 
     def _handoff_mode(self, successor: str) -> Mode | None:
         """A release to a peer is a hand-off: counted by how it went (None: not one)."""
@@ -392,7 +399,8 @@ class ShardRunner:
         self.ctx.metrics.handoffs.labels(mode.value).inc()
         return mode
 
-    async def _release_lease(self, quarantined: bool, successor: str) -> None:
+    async def _release_lease(self, quarantined: bool, successor: str) -> bool:
+        """True once the release is written; False: refused (no longer ours)."""
         while True:
             try:
                 await self.ctx.store.release(
@@ -403,10 +411,10 @@ class ShardRunner:
                     state="quarantined" if quarantined else "released",
                     successor=successor,
                 )
-                return
+                return True
             except LeaseConflict:
                 log.warning("release refused: no longer the owner", extra=self._extra())
-                return
+                return False
             except StoreUnavailable as exc:
                 log.warning("release failed, retrying: %s", exc, extra=self._extra())
                 await trio.sleep(0.2)
