@@ -45,7 +45,9 @@ def live(load: Load) -> Rendered:
         "one's first, read back from the sink files; written twice = numbers in both epochs "
         "(a standby taking over a dead owner's shard writes again what the owner wrote after "
         "its last checkpoint: at-least-once, told apart by the epoch). Each fleet has its own "
-        "DynamoDB server and feed; the fleets run in two lanes side by side.\n"
+        "DynamoDB server and feed; the fleets run in two lanes side by side. Command: "
+        "`scripts/bench.sh` (stage 6), or alone `PYTHONPATH=scripts .venv/bin/python -m "
+        "benchmarks.live` (`--only live-deploy-c1-moto` for one fleet).\n"
     )
     add(table(*_loss_table(fleets), align="--->>>>>>>"))
     add(
