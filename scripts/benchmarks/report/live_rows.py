@@ -207,8 +207,8 @@ def _cost_section(fleets: list[dict[str, Any]]) -> tuple[str, list[SummaryRow]]:
         "fleet with `count = 1`, before its first kill, each supervisor runs owner children "
         "for its shards and standby children for its peer's"
         + (
-            f"; sampled once every standby held a full `standby.buffer` "
-            f"({cost['buffer_s']:g} s, after {filled:.0f} s)"
+            f"; sampled once every standby had been ready for a full `standby.buffer` "
+            f"({cost['buffer_s']:g} s)"
             if filled is not None
             else " (quick run: buffers not yet full)"
         )
