@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import time
@@ -49,13 +50,18 @@ def bench_fleet(
     lease: str = "10s",
     supervisor: dict[str, object] | None = None,
     endpoint: str = "",
+    live_feed: bool = False,
+    sections: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Fleet:
     """A fleet on its own new table. ``endpoint``: where the supervisors reach DynamoDB (a
-    counting proxy) when not ``server_url``, which the benchmark itself reads."""
+    counting proxy) when not ``server_url``, which the benchmark itself reads. ``live_feed``:
+    the feed is live-only (stream URLs without ``?after=``); ``sections``: more config
+    sections (e.g. ``{"standby": {"count": 1}}``)."""
     settings: dict[str, dict[str, object]] = {
         "supervisor": dict(supervisor or {}),
         "log": {"level": "info", "format": "json"},
         "http": {"listen": "127.0.0.1:0"},  # several supervisors on one host
+        **{name: dict(values) for name, values in (sections or {}).items()},
     }
     if lease != "10s":
         duration, heartbeat, reconcile = LEASES[lease]
@@ -67,7 +73,9 @@ def bench_fleet(
     if endpoint:
         settings["dynamodb"] = {"endpoint_url": endpoint}
     table = "bench-" + uuid.uuid4().hex[:10]
-    return Fleet(run_dir() / name, server_url, table, feed_url, shards, settings=settings)
+    workdir = run_dir() / name
+    live = {"live_feed": live_feed}
+    return Fleet(workdir, server_url, table, feed_url, shards, settings=settings, **live)
 
 
 @contextlib.contextmanager
@@ -87,10 +95,13 @@ def servers(kind: str, count: int) -> Iterator[list[ServerProcess]]:
         yield started
 
 
-async def feed_for(shards: Mapping[str, Sequence[str]], rate: float) -> ServerProcess:
-    """The reference feed in its own process, generating every stream of ``shards``."""
+async def feed_for(
+    shards: Mapping[str, Sequence[str]], rate: float, *, live: bool = False
+) -> ServerProcess:
+    """The reference feed in its own process, generating every stream of ``shards``; with
+    ``live``, live-only (a client gets only what is generated after it connected)."""
     streams = [stream for names in shards.values() for stream in names]
-    return await trio.to_thread.run_sync(start_feed, rate, streams)
+    return await trio.to_thread.run_sync(functools.partial(start_feed, rate, streams, live=live))
 
 
 async def stop(fleet: Fleet) -> dict[str, int | None]:
@@ -181,9 +192,14 @@ def flowing(fleet: Fleet, window: float) -> bool:
 # --- waits --------------------------------------------------------------------------------------
 
 
-def settled(fleet: Fleet, snap: Snapshot, window: float) -> bool:
+def settled(
+    fleet: Fleet, snap: Snapshot, window: float, standbys: int = 0, balanced: bool = False
+) -> bool:
     """Every live worker registered (its item names its pid) and running, every shard owned by
-    a live worker that runs a child for each shard it holds, every stream flowing."""
+    a live worker that runs a child for each shard it holds (and each standby it advertises),
+    every stream flowing; with ``standbys``, each shard has that many ready standbys on other
+    live workers (as many as there are); with ``balanced``, the live workers' loads differ by
+    one at most."""
     live = {w: fleet.procs[w].pid for w in fleet.live()}
     items = {w.id: w for w in snap.workers}
     for worker, pid in live.items():
@@ -194,15 +210,29 @@ def settled(fleet: Fleet, snap: Snapshot, window: float) -> bool:
     if any(owners.get(shard) not in live for shard in fleet.shards):
         return False
     held = Counter(owners.values())
-    if any(len(child_pids(pid)) != held[worker] for worker, pid in live.items()):
+    if balanced and max(held[w] for w in live) - min(held[w] for w in live) > 1:
         return False
+    for worker, pid in live.items():
+        if len(child_pids(pid)) != held[worker] + len(items[worker].standbys):
+            return False
+    wanted = min(standbys, len(live) - 1)
+    for shard in fleet.shards:
+        ready = [w for w in live if shard in items[w].standbys and w != owners[shard]]
+        if len(ready) < wanted:
+            return False
     return flowing(fleet, window)
 
 
 async def wait_settled(
-    fleet: Fleet, timeout: float, window: float, stable: float = 0.0
+    fleet: Fleet,
+    timeout: float,
+    window: float,
+    stable: float = 0.0,
+    standbys: int = 0,
+    balanced: bool = False,
 ) -> Snapshot:
-    """Settled, and no shard changed owner or epoch for ``stable`` seconds."""
+    """Settled (``settled``'s ``standbys`` and ``balanced`` too), and no shard changed owner or
+    epoch for ``stable`` seconds."""
     with trio.fail_after(timeout):
         since, last = trio.current_time(), None
         while True:
@@ -210,7 +240,8 @@ async def wait_settled(
             key = {s.id: (s.owner, s.epoch) for s in snap.shards}
             if key != last:
                 since, last = trio.current_time(), key
-            if settled(fleet, snap, window) and trio.current_time() - since >= stable:
+            done = settled(fleet, snap, window, standbys, balanced)
+            if done and trio.current_time() - since >= stable:
                 return snap
             await trio.sleep(0.5)
 

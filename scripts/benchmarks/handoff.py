@@ -141,8 +141,12 @@ def _transition(
     a_seqs, b_seqs = {r.seq for r in a}, {r.seq for r in b}
     cause = "sigterm" if (shard, old) in term_at else "rebalance"
     # From the supervisors' logs (ms resolution): old owner's last record -> its release logged
-    # -> new owner's take logged -> first record.
-    released = logged_at(logs.get(a[0].worker, []), "released:", shard, old)
+    # (on its child's stop; else when the child is gone) -> new owner's take logged -> first
+    # record.
+    old_log = logs.get(a[0].worker, [])
+    released = logged_at(old_log, "released at the child's stop", shard, old) or logged_at(
+        old_log, "released:", shard, old
+    )
     taken = logged_at(logs.get(b[0].worker, []), "took shard", shard, new)
     return {
         "shard": shard,

@@ -156,3 +156,22 @@ def ready_first_seq(
         if stream in sequenced and stream not in first_seq and now - since < quiet:
             return None
     return {stream: seq for stream, seq in first_seq.items() if stream in sequenced}
+
+
+def ready_recheck_at(
+    connected_since: Mapping[str, float | None],
+    sequenced: Collection[str],
+    first_seq: Mapping[str, int],
+    *,
+    quiet: float,
+) -> float | None:
+    """When ``ready_first_seq`` may turn true with nothing else happening: the first moment a
+    connected sequenced stream without a record has been quiet for ``quiet`` seconds. None:
+    only a connect or a first record can change it (the standby waits for those, not a
+    clock)."""
+    due = [
+        since + quiet
+        for stream, since in connected_since.items()
+        if since is not None and stream in sequenced and stream not in first_seq
+    ]
+    return min(due, default=None)

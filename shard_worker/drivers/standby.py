@@ -38,13 +38,13 @@ from shard_worker.contract.pipe import (
     StreamSpec,
 )
 from shard_worker.core.frames import DeadLetter, Gap
-from shard_worker.core.standby import StandbyBuffer, ready_first_seq
+from shard_worker.core.standby import StandbyBuffer, ready_first_seq, ready_recheck_at
 from shard_worker.drivers.pipeline import BatchPipeline
 from shard_worker.drivers.reader import Door, Placeholders, Receive, StreamReader
 from shard_worker.drivers.recorder import Recorder
 from shard_worker.records import Record
 
-READY_POLL = 0.01  # seconds between looks at the readiness rule, until it holds
+READY_BACKSTOP = 1.0  # seconds: the readiness rule is looked at again at least this often
 
 Report = Callable[[Message], Awaitable[None]]
 Sender = trio.MemorySendChannel[tuple[Record, int]]
@@ -68,12 +68,19 @@ class StandbyReader(StreamReader):
     """A stream reader that buffers until it is switched to the owner's door."""
 
     def __init__(
-        self, spec: StreamSpec, *, buffer: StandbyBuffer, checkpoint: dict[str, int], **kwargs: Any
+        self,
+        spec: StreamSpec,
+        *,
+        buffer: StandbyBuffer,
+        checkpoint: dict[str, int],
+        changed: Callable[[], None] = lambda: None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(spec, recorder=_Held(checkpoint), **kwargs)
         self.frames.keep_text = False  # the text is kept whole, not rendered
         self.buffer: StandbyBuffer | None = buffer  # None once promoted
         self.connected_since: float | None = None  # time.monotonic() of the current connection
+        self._changed = changed  # called on a connect and on its first record kept
 
     def _loop(self, receive: Receive) -> Awaitable[NoReturn]:
         if self.buffer is None:
@@ -85,11 +92,13 @@ class StandbyReader(StreamReader):
         batch: the messages of one socket read); write nothing."""
         clock = time.monotonic  # (cheaper than trio's clock)
         self.connected_since = clock()
+        self._changed()
         try:
             if self.path is None:  # unsequenced: nothing to resume after, nothing kept
                 while True:
                     self.frames.received += len(await receive())
             accept, append = self.frames.accept, buffer.appender(self.spec.id)
+            told = False  # the readiness rule has heard of this connection's first record
             while True:
                 batch = await receive()
                 now = clock()
@@ -99,6 +108,9 @@ class StandbyReader(StreamReader):
                         append(item[0], message, now)
                     elif item is not None:  # a gap (counted) or a dead letter: kept, raw
                         append(self._seq_of(item), message, now)
+                if not told:
+                    told = True
+                    self._changed()
         finally:
             self.connected_since = None
 
@@ -148,11 +160,13 @@ class Standby:
             buffer=settings.buffer,
             max_bytes=settings.max_bytes,
         )
+        self._changed = trio.Event()  # set when the readiness rule may have turned true
         self.readers = [
             StandbyReader(
                 spec,
                 buffer=self.buffer,
                 checkpoint=start.checkpoint,
+                changed=self._notify,
                 settings=start.settings,
                 placeholders=Placeholders(start.shard, spec.id, start.epoch, start.worker),
                 log=log,
@@ -201,17 +215,27 @@ class Standby:
             f" replayed={replayed} dropped={self.buffer.dropped}"
         )
 
+    def _notify(self) -> None:
+        self._changed.set()
+
     async def _announce_ready(self, report: Report) -> None:
-        """``standby_ready`` once, as soon as the readiness rule holds."""
+        """``standby_ready`` once, as soon as the readiness rule holds. It is looked at again
+        only when a reader connects or keeps its first record, or a quiet period ends: a
+        standby whose streams cannot connect sleeps (no polling)."""
         sequenced = {reader.spec.id for reader in self.readers if reader.path is not None}
         quiet = self.start.standby.quiet
         while True:
+            self._changed = trio.Event()  # before looking: a change from now on wakes us
             now = time.monotonic()
             since = {reader.spec.id: reader.connected_since for reader in self.readers}
-            first = ready_first_seq(since, sequenced, self.buffer.first_seq(), quiet=quiet, now=now)
+            held = self.buffer.first_seq()
+            first = ready_first_seq(since, sequenced, held, quiet=quiet, now=now)
             if first is not None:
                 break
-            await trio.sleep(READY_POLL)
+            due = ready_recheck_at(since, sequenced, held, quiet=quiet)
+            wait = READY_BACKSTOP if due is None else min(READY_BACKSTOP, max(0.0, due - now))
+            with trio.move_on_after(wait):
+                await self._changed.wait()
         self.buffer.hold(now)
         await report(StandbyReady(first_seq=first))
         self.log.info(f"standby ready: first_seq={first}")

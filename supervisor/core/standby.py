@@ -136,6 +136,33 @@ def standby_priority(
     return StandbyPriority(frozenset(claims), frozenset(waiting))
 
 
+def left_to_standbys(
+    *,
+    me: str,
+    shards: Iterable[ShardItem],
+    running: Collection[str],
+    placement: Placement,
+    ready: Mapping[str, Collection[str]],
+    tracker: PeerTracker,
+    now: float,
+) -> dict[str, str]:
+    """Shards still in our name from an earlier incarnation of this worker (we run nothing
+    for them: it died) whose first standby is ready on a live peer: shard -> that peer. We
+    hand them to it instead of retaking them with a fresh child, which on a live-only feed
+    would lose everything since the death; the standby holds it. ``ready`` maps each worker
+    to the standbys its item advertises as ready. Only once warm (``round_policy.warmed_up``):
+    the earlier incarnation's child may write up to its fence until then."""
+    found = {}
+    for item in shards:
+        if item.owner != me or item.id in running:
+            continue
+        first = placement.first(item.id)
+        waiting = first and first != me and item.id in ready.get(first, ())
+        if waiting and tracker.is_live_member(first, now):
+            found[item.id] = first
+    return found
+
+
 @attrs.define
 class UnplacedReports:
     """A standby that cannot be placed is logged once, and again only when that changes."""
@@ -155,6 +182,7 @@ __all__ = [
     "StandbyPriority",
     "UnplacedReports",
     "holder",
+    "left_to_standbys",
     "orphaned",
     "place_standbys",
     "standby_priority",

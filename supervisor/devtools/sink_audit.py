@@ -45,6 +45,14 @@ class StreamAudit:
         return max((r.seq for r in self.records), default=0)
 
     @property
+    def lost(self) -> int:
+        """Sequence numbers between the first and the last written that nobody wrote: what a
+        live-only feed lost (it starts wherever the first connect found it; ``gaps`` counts
+        from 1, for a feed that replays from the start)."""
+        seqs = self.seqs
+        return (max(seqs) - min(seqs) + 1 - len(seqs)) if seqs else 0
+
+    @property
     def gaps(self) -> int:
         """Sequence numbers in 1..max never written by anyone."""
         return self.max_seq - self.delivered

@@ -388,10 +388,17 @@ class Supervisor:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
             self._leave(shard_id, LeaveReason.REBALANCE, successors.get(shard_id, ""))
+        running = self.runners.keys() | self._taking
+        handed = (
+            await self.keeper.hand_back(snapshot, running=running, tracker=self.tracker, now=now)
+            if warm
+            else set()
+        )
         for take in actions.take:
             if not self.lease.is_valid(self.now()):
                 break
-            await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
+            if take.shard_id not in handed:
+                await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         items = {item.id: item for item in snapshot.shards}
         self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
         if self.config.lease.handoff_poll_interval == 0 and accepting:

@@ -219,6 +219,7 @@ class Answer:
                 if seen is SuccessorSees.TAKE:
                     if not accepting():
                         return "released to us while we stop taking"
+                    log.info("released to us: taking", extra={"shard": shard, "epoch": epoch})
                     await take(shard, epoch)
                     return TAKEN
                 if seen is SuccessorSees.TAKEN:

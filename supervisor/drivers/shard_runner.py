@@ -121,6 +121,7 @@ class ShardRunner:
     standby_stats: p.StandbyStats | None = None
     _dropped: int = 0  # this child's dropped records already counted in the metrics
     _delay: float = 0.0  # the restart policy's last delay
+    _released: bool = False  # on the child's ``stopped``, before it exits (``_release_early``)
 
     def __attrs_post_init__(self) -> None:
         self._stored = dict(self.checkpoint)
@@ -357,10 +358,11 @@ class ShardRunner:
         successor = stop.successor if stop is not None and not quarantined else ""
         if self.state is RunnerState.HANDING_OFF:
             self._fall_back(Fallback.CHILD_EXITED)  # released as it stands, no cut
-        with trio.move_on_after(RELEASE_TIMEOUT) as scope:
-            await self._release_lease(quarantined, successor)
-        if scope.cancelled_caught:
-            log.error("release timed out; peers take over at lease expiry", extra=self._extra())
+        if not self._released:
+            with trio.move_on_after(RELEASE_TIMEOUT) as scope:
+                await self._release_lease(quarantined, successor)
+            if scope.cancelled_caught:
+                log.error("release timed out; peers take over at lease expiry", extra=self._extra())
         self._event(RunnerEvent.RELEASED)
         now = self.ctx.now()
         handover = now - (stop.at if stop is not None else now)
@@ -380,6 +382,25 @@ class ShardRunner:
             extra=self._extra(checkpoint=self.checkpoint),
         )
 
+    async def _release_early(self) -> None:
+        """Release as soon as the child reports ``stopped``: it sends that after its last
+        write and its sink's close, so its exit (interpreter teardown: tens of ms, more on a
+        busy host) need not delay the successor's take. The final checkpoint is the child's
+        cut. A release that fails here is tried again by ``_finish``."""
+        stop = self._stop
+        if stop is None or self.is_standby or self.state is RunnerState.LOST:
+            return
+        written = False
+        with trio.move_on_after(RELEASE_TIMEOUT):
+            written = await self._release_lease(False, stop.successor)
+            self._released = True
+        if written:
+            log.info(
+                "released at the child's stop (successor %s)",
+                stop.successor or "any",
+                extra=self._extra(checkpoint=self.checkpoint),
+            )
+
     def _handoff_mode(self, successor: str) -> Mode | None:
         """A release to a peer is a hand-off: counted by how it went (None: not one)."""
         if not successor or successor == self.ctx.worker_id:
@@ -388,7 +409,8 @@ class ShardRunner:
         self.ctx.metrics.handoffs.labels(mode.value).inc()
         return mode
 
-    async def _release_lease(self, quarantined: bool, successor: str) -> None:
+    async def _release_lease(self, quarantined: bool, successor: str) -> bool:
+        """True once the release is written; False: refused (no longer ours)."""
         while True:
             try:
                 await self.ctx.store.release(
@@ -399,10 +421,10 @@ class ShardRunner:
                     state="quarantined" if quarantined else "released",
                     successor=successor,
                 )
-                return
+                return True
             except LeaseConflict:
                 log.warning("release refused: no longer the owner", extra=self._extra())
-                return
+                return False
             except StoreUnavailable as exc:
                 log.warning("release failed, retrying: %s", exc, extra=self._extra())
                 await trio.sleep(0.2)
@@ -520,6 +542,7 @@ class ShardRunner:
             await self._write_checkpoint(msg.checkpoint)
         elif isinstance(msg, p.Stopped):
             self.written, self.checkpoint = msg.written, dict(msg.checkpoint)
+            await self._release_early()
         elif isinstance(msg, p.Error):
             level = logging.ERROR if msg.fatal else logging.WARNING
             log.log(level, "child reports: %s", msg.message, extra=self._extra())

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 import attrs
 
 from shard_worker.contract.table import FEATURE_MBB
+from supervisor.adapters.lease_store.base import LeaseConflict
 from supervisor.config.model import ShardConfig
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot
 from supervisor.core.lease import PeerTracker
@@ -25,6 +26,7 @@ from supervisor.core.standby import (
     Placement,
     StandbyPriority,
     UnplacedReports,
+    left_to_standbys,
     place_standbys,
     standby_priority,
 )
@@ -164,6 +166,39 @@ class StandbyKeeper:
             return runner
         runner.request_stop("its shard was taken here", self._grace())
         return None
+
+    async def hand_back(
+        self, snapshot: Snapshot, *, running: Collection[str], tracker: PeerTracker, now: float
+    ) -> set[str]:
+        """Shards an earlier incarnation of this worker held, released to their ready first
+        standby (``core.standby.left_to_standbys``), which takes and promotes it: nothing
+        lost on a live-only feed. Returns them all (those whose release was refused too:
+        someone else moved them), so that this round does not retake them."""
+        me = self.ctx.worker_id
+        chosen = left_to_standbys(
+            me=me,
+            shards=snapshot.shards,
+            running=running,
+            placement=self.placement,
+            ready={w.id: w.standbys for w in snapshot.workers},
+            tracker=tracker,
+            now=now,
+        )
+        items = {item.id: item for item in snapshot.shards}
+        for shard_id, peer in sorted(chosen.items()):
+            item = items[shard_id]
+            try:
+                await self.ctx.store.release(
+                    shard_id, me, item.epoch, dict(item.checkpoint), successor=peer
+                )
+            except LeaseConflict:
+                continue
+            log.info(
+                "left to %s's standby: an earlier incarnation of this worker held it",
+                peer,
+                extra={"shard": shard_id, "epoch": item.epoch},
+            )
+        return set(chosen)
 
     # --- answering a make-before-break request --------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shard_worker.core.standby import StandbyBuffer, ready_first_seq
+from shard_worker.core.standby import StandbyBuffer, ready_first_seq, ready_recheck_at
 
 
 def held_in(streams: list[str], *, buffer: float, max_bytes: int) -> StandbyBuffer:
@@ -171,6 +171,18 @@ def test_a_quiet_stream_is_ready_after_quiet_seconds_and_left_out() -> None:
     since = {"a": 0.0, "b": 0.5}
     assert ready_first_seq(since, {"a", "b"}, {"a": 3}, quiet=1.0, now=1.4) is None
     assert ready_first_seq(since, {"a", "b"}, {"a": 3}, quiet=1.0, now=1.5) == {"a": 3}
+
+
+def test_the_rule_is_due_again_when_the_first_quiet_period_ends() -> None:
+    since = {"a": 0.0, "b": 0.5, "c": 0.2, "u": 0.1}  # c holds a record; u is unsequenced
+    assert ready_recheck_at(since, {"a", "b", "c"}, {"c": 4}, quiet=1.0) == 1.0
+    assert ready_recheck_at(since, {"a", "b", "c"}, {"a": 1, "c": 4}, quiet=1.0) == 1.5
+
+
+def test_only_a_connect_or_a_record_can_make_a_standby_ready_when_none_is_quiet() -> None:
+    """Nothing for a clock to wait for: the standby sleeps until a reader tells it."""
+    assert ready_recheck_at({"a": None, "b": None}, {"a", "b"}, {}, quiet=1.0) is None
+    assert ready_recheck_at({"a": 0.0, "b": None}, {"a", "b"}, {"a": 2}, quiet=1.0) is None
 
 
 def test_what_a_buffer_counts_is_about_the_memory_it_takes() -> None:

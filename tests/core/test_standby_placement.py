@@ -16,6 +16,7 @@ from supervisor.core.standby import (
     StandbyPriority,
     UnplacedReports,
     holder,
+    left_to_standbys,
     place_standbys,
     standby_priority,
 )
@@ -132,6 +133,24 @@ def priority(me: str, tracker: PeerTracker, watch: FreeWatch, now: float) -> Sta
         watch=watch,
         now=now,
         wait=2.0,
+    )
+
+
+def test_a_restarted_worker_leaves_its_earlier_shards_to_ready_standbys():
+    """w2 restarted: s3 and s4 still carry its id. s3's first standby (w4) is ready and live:
+    handed to it. s4 has no standby, s1 is running here: retaken or kept as before; s2's
+    standby is placed but not ready yet (not advertised): retaken too."""
+    tracker = tracker_with_dead("w3", now=10.0)
+    shards = owned(s1="w2", s2="w2", s3="w2", s4="w2")
+    placement = Placement({"s2": ("w1",), "s3": ("w4",)})
+    kw = {"shards": shards, "placement": placement, "tracker": tracker, "now": 10.0}
+    ready = {"w4": ("s3",), "w1": ()}
+    assert left_to_standbys(me="w2", running={"s1"}, ready=ready, **kw) == {"s3": "w4"}
+    dead = Placement({"s3": ("w3",)})  # a standby on a dead peer holds nothing any more
+    kw["placement"] = dead
+    assert left_to_standbys(me="w2", running=(), ready={"w3": ("s3",)}, **kw) == {}
+    assert (
+        left_to_standbys(me="w1", running=(), ready=ready, **{**kw, "placement": placement}) == {}
     )
 
 

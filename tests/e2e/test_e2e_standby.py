@@ -196,6 +196,17 @@ async def wait_standbys_everywhere(fleet: Fleet, timeout: float = 15) -> dict[st
             await trio.sleep(0.1)
 
 
+async def split_with_standbys(fleet: Fleet) -> dict[str, str]:
+    """`[standby] count = 1`: w1 takes every shard, w2 joins, two each, and every shard has
+    a ready standby on the other worker. Returns the owners."""
+    fleet.settings["standby"] = {"count": 1}
+    await fleet.start("w1")
+    await fleet.wait_until_owned(by=["w1"], timeout=10)
+    await fleet.start("w2")
+    await wait_split(fleet, ["w1", "w2"])
+    return await wait_standbys_everywhere(fleet)
+
+
 def shard_of(pid: int) -> str:
     """A zygote child is named "shard <id>"."""
     return Path(f"/proc/{pid}/comm").read_text().strip().removeprefix("shard ")
@@ -206,13 +217,8 @@ async def test_host_death_with_a_warm_standby_loses_nothing(live_fleet):
     then SIGKILL of w1's whole host (process group): its shards go to their standbys, which
     write from their buffers. Nothing lost on the live-only feed."""
     fleet = live_fleet
-    fleet.settings["standby"] = {"count": 1}
     with trio.fail_after(90):
-        await fleet.start("w1")
-        await fleet.wait_until_owned(by=["w1"], timeout=10)
-        await fleet.start("w2")
-        await wait_split(fleet, ["w1", "w2"])
-        owners = await wait_standbys_everywhere(fleet)
+        owners = await split_with_standbys(fleet)
         status = await status_json(fleet)
         assert {s["id"]: s["standbys"] for s in status["shards"]} == {
             shard: ["w2" if owner == "w1" else "w1"] for shard, owner in owners.items()
@@ -323,3 +329,28 @@ def _log_time(log: str, event: str) -> float:
     assert stamp is not None, line
     hours, minutes, seconds = stamp.groups()
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+async def test_a_worker_restarted_under_its_own_id_leaves_its_shards_to_their_standbys(
+    live_fleet,
+):
+    """SIGKILL of w1's host, and w1 starts again at once (same id, new session): its shards
+    still carry its id. Retaking them with fresh children would lose, on a live-only feed,
+    everything since the death; instead the restarted w1 releases each to its ready standby
+    on w2, which takes it and promotes its child. Nothing lost."""
+    fleet = live_fleet
+    with trio.fail_after(90):
+        owners = await split_with_standbys(fleet)
+        moved = [s for s, o in owners.items() if o == "w1"]
+        await catch_up(fleet, STREAMS)
+        os.killpg(fleet.procs["w1"].pid, signal.SIGKILL)
+        await fleet.procs["w1"].wait()
+        await fleet.start("w1")  # before its lease could lapse: its id stays live
+        await wait_owner(fleet, moved, "w2", DURATION + 4 * RECONCILE + 5)
+        await catch_up(fleet, streams_of(moved))
+        await fleet.stop_all()
+    assert_nothing_lost(fleet, streams_of(moved), twice=True)
+    restarted = fleet.log("w1").split("registered worker w1")[-1]
+    assert restarted.count("left to w2's standby") == len(moved)
+    assert "took shard from w1" not in restarted
+    assert fleet.log("w2").count("promoting the standby child") >= len(moved)

@@ -46,6 +46,7 @@ class FakeChild:
     # Asked once a standby child is ready: True = it dies then (e.g. a budget of crashes).
     crash_as_standby: Callable[[], bool] | None = None
     never_ready: bool = False  # a standby child that never reports standby_ready
+    linger: float = 0.0  # seconds between its clean exit and wait() seeing it (teardown)
     pid: int = attrs.field(factory=lambda: next(_pids))
     returncode: int | None = None
     gaps: list[tuple[int, int]] = attrs.field(factory=list)  # (checkpoint, first) at promote
@@ -193,6 +194,8 @@ class FakeChild:
     async def wait(self) -> int:
         await self._exited.wait()
         assert self.returncode is not None
+        if self.returncode == 0:
+            await trio.sleep(self.linger)
         return self.returncode
 
     def signal(self, signum: int) -> None:

@@ -17,6 +17,7 @@ HEADINGS = (
     "## 5. Memory per host",
     "## 6. DynamoDB requests per worker-minute",
     "## 7. Scale on one host",
+    "## 8. Nothing lost on a live-only feed",
 )
 
 

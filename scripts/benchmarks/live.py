@@ -1,0 +1,91 @@
+"""Row 8: nothing lost on a live-only feed, with and without a warm standby; the writer gap at a
+hand-off; what a standby costs.
+
+Fleets in two lanes side by side, each on its own DynamoDB server and live-only feed
+(``benchmarks.live_fleets``): deploys (SIGTERM) and host deaths (SIGKILL of a process group,
+3 s leases) with ``[standby] count`` 0 and 1, and the deploys with count 1 again on the other
+kind of server, for the writer gap. The standbys' cost is sampled in the host-death fleet with
+count 1 before its first kill.
+
+    python -m benchmarks.live [--quick] [--trials N] [--server moto|dynalite] [--only NAME]
+
+writes out/bench/live.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any
+
+import trio
+
+from benchmarks import harness
+from benchmarks.fleets import servers
+from benchmarks.live_fleets import Setup, live_fleet
+from benchmarks.report import sections
+
+TRIALS = 5  # each deploy moves half the shards (4 hand-offs), and the rebalance brings 4 back
+
+
+def lanes_of(server: str, quick: bool) -> list[list[Setup]]:
+    """The fleets, in lanes: a lane's fleets run one after another, the lanes side by side
+    (two on 2 cores: more would starve the supervisors' heartbeats and blur the gap)."""
+    other = "dynalite" if server == "moto" else "moto"
+    if quick:  # each kind of kill and each count once, on short leases, two shards
+        return [
+            [Setup("deploy", 0, server, lease="3s", shards=2)],
+            [Setup("host", 1, server, lease="3s", shards=2, cost=True)],
+        ]
+    return [
+        [Setup("deploy", 0, server), Setup("deploy", 1, server)],
+        [
+            Setup("host", 0, server, lease="3s"),
+            Setup("host", 1, server, lease="3s", cost=True),
+            Setup("deploy", 1, other),
+        ],
+    ]
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--only", action="append", default=[], help="a fleet's name (repeat)")
+    args = parser.parse_args()
+    harness.interruptible()
+    harness.use_local_aws()
+    wanted = [
+        [s for s in lane if s.name in args.only or not args.only]
+        for lane in lanes_of(args.server, args.quick)
+    ]
+    chosen = [s for lane in wanted for s in lane]
+    trials = args.trials or (1 if args.quick else TRIALS)
+    with harness.recorded("live", args.quick) as results:
+        results.update(server=args.server, workdir=str(harness.run_dir().relative_to(harness.ROOT)))
+        found: list[dict[str, Any]] = []
+
+        def job(setup: Setup, url: str) -> harness.Job:
+            async def run() -> None:
+                found.append(await live_fleet(setup, trials, url, args.quick))
+
+            return setup.name, run
+
+        try:
+            with contextlib.ExitStack() as stack:
+                kinds = Counter(setup.server for setup in chosen)
+                pools = {k: iter(stack.enter_context(servers(k, n))) for k, n in kinds.items()}
+                lanes = [
+                    [job(setup, next(pools[setup.server]).url) for setup in lane]
+                    for lane in wanted
+                    if lane
+                ]
+                print(f"  {len(chosen)} fleets in {len(lanes)} lanes side by side", flush=True)
+                trio.run(harness.run_lanes, lanes, results["errors"])
+        finally:
+            harness.end_spawned()
+        order = {s.name: i for i, s in enumerate(chosen)}
+        results["fleets"] = sorted(found, key=lambda f: order[f["name"]])
+    print(sections(["live"]))
+
+
+if __name__ == "__main__":
+    main()
