@@ -235,6 +235,22 @@ _SHARD_SAMPLES = {
 }
 
 
+def dimension_sets() -> dict[str, frozenset[tuple[str, ...]]]:
+    """Every metric name with the dimension sets it is written under (for dashboards)."""
+    worker = {name for name, _, _ in WORKER_GAUGES} | {name for name, _, _ in WORKER_COUNTERS}
+    worker |= {name for _, name in OUTCOMES} | {"StreamsNotReported"}
+    sets: dict[str, set[tuple[str, ...]]] = {name: {("Worker",), ()} for name in worker}
+    sets["ChildRestarts"].add(("Worker", "Reason"))
+    sets["DynamoDBErrors"].add(("Worker", "Kind"))
+    for metric, _ in _SHARD_SAMPLES.values():
+        sets.setdefault(metric, set()).update({("Shard",), ("Worker", "Shard")})
+    for _, name in OUTCOMES:
+        sets[name].add(("Shard", "Stream"))
+    for name in ("HandoffSeconds", "FailoverSeconds"):
+        sets[name] = {("Worker",), ()}
+    return {name: frozenset(found) for name, found in sets.items()}
+
+
 def metric_names() -> frozenset[str]:
     """Every metric name a document can carry (the CloudWatch dashboard names only these)."""
     names = {name for name, _, _ in WORKER_GAUGES} | {name for name, _, _ in WORKER_COUNTERS}
@@ -242,4 +258,4 @@ def metric_names() -> frozenset[str]:
     return frozenset(names | {"StreamsNotReported", "HandoffSeconds", "FailoverSeconds"})
 
 
-__all__ = ["MAX_STREAM_DOCUMENTS", "emf_documents", "metric_names"]
+__all__ = ["MAX_STREAM_DOCUMENTS", "dimension_sets", "emf_documents", "metric_names"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers.emf_spec import check_emf
 
-from supervisor.core.emf import MAX_STREAM_DOCUMENTS, emf_documents, metric_names
+from supervisor.core.emf import MAX_STREAM_DOCUMENTS, dimension_sets, emf_documents, metric_names
 from supervisor.core.fleet_view import FleetEvent
 
 MSG = "shardvisor_stream_messages_total"
@@ -128,3 +128,13 @@ def test_a_counter_that_went_down_counts_from_zero():
         events=[],
     )
     assert docs[0]["MessagesWritten"] == 5
+
+
+def test_declared_dimension_sets_are_the_ones_written():
+    declared = dimension_sets()
+    assert set(declared) == metric_names()
+    for doc in documents():
+        directive = doc["_aws"]["CloudWatchMetrics"][0]
+        for metric in directive["Metrics"]:
+            for dims in directive["Dimensions"]:
+                assert tuple(dims) in declared[metric["Name"]], (metric["Name"], dims)
