@@ -9,6 +9,7 @@ its ``emf_loop``: every ``cloudwatch.interval`` the documents of ``core.emf`` on
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,10 +23,14 @@ from supervisor.config.model import Config
 from supervisor.core import emf, fleet_view
 from supervisor.core.items import Snapshot
 
+log = logging.getLogger("shardvisor.reporting")
+
 FLEET_MAX_AGE = 1.0  # seconds a /fleet document is served before it is rebuilt
 
 
 class Reporter:
+    """The fleet page's routes and events, and the EMF writer, of one supervisor."""
+
     def __init__(
         self,
         config: Config,
@@ -95,6 +100,15 @@ class Reporter:
             self.write_emf()  # synchronous: safe in a cancelled scope
 
     def write_emf(self) -> int:
+        """One interval's documents; a stderr that refuses them (a closed pipe) is logged and
+        costs that interval's metrics, not the supervisor."""
+        try:
+            return self._write_emf()
+        except OSError as exc:
+            log.warning("EMF documents not written: %s", exc)
+            return 0
+
+    def _write_emf(self) -> int:
         current = emf_adapter.registry_samples(self.metrics.registry)
         documents = emf.emf_documents(
             current,

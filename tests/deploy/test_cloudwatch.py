@@ -3,7 +3,7 @@
 The dashboard must be JSON CloudWatch accepts (a 24-column grid of widgets, each metric
 widget with its region, title and metrics) and name only metrics the supervisor emits, under
 dimension sets it writes them with (``core.emf.dimension_sets``; tests/core/test_emf.py and
-tests/e2e/test_emf.py hold the documents to those). conf/ecs-shardvisor.toml is what the ECS
+tests/e2e/test_e2e_emf.py hold the documents to those). conf/ecs-shardvisor.toml is what the ECS
 task runs: it loads, has EMF on in the dashboard's namespace, and its endpoint is the one the
 task definition's health check calls.
 """
