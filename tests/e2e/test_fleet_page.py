@@ -66,6 +66,10 @@ def kill_host(fleet: Fleet, worker: str) -> None:
     os.killpg(fleet.procs[worker].pid, signal.SIGKILL)
 
 
+def shard_owners(doc: dict[str, Any]) -> dict[str, str | None]:
+    return {s["id"]: s["owner"] for s in doc["shards"]}
+
+
 def all_moving(doc: dict[str, Any], worker: str) -> bool:
     """Every stream of the worker's shards is written at a positive rate."""
     rates = [r for s in doc["shards"] if s["owner"] == worker for r in s["rates"].values()]
@@ -84,7 +88,10 @@ async def test_fleet_json_and_page_from_a_running_fleet(two_workers: Fleet) -> N
     status, page = await http_get(base + "/")
     assert status == 200 and page.startswith(b"<!doctype html>")
     assert b"<script>" in page and b"http://" not in page and b"https://" not in page  # offline
-    doc = await fleet_json(base)
+    owners = await fleet.owners()
+    with trio.fail_after(10):  # the page shows the table as of the supervisor's last rounds
+        while shard_owners(doc := await fleet_json(base)) != owners:
+            await trio.sleep(0.2)
     assert doc["worker"] == "w1"
     assert {w["id"] for w in doc["workers"]} == {"w1", "w2"}
     assert {s["id"] for s in doc["shards"]} == set(SHARDS)
@@ -124,7 +131,9 @@ async def test_status_watch_redraws_the_table_every_second(
                 stderr=sink,
             )
         try:
-            await trio.sleep(3.5)
+            with trio.fail_after(30):  # a start and three reads of the table, on a busy host
+                while len(watch_screens(out)) < 4:  # three whole screens, a fourth begun
+                    await trio.sleep(0.1)
             watch.send_signal(signal.SIGINT)  # Ctrl-C: the way a watch ends
             with trio.fail_after(10):
                 await watch.wait()
@@ -133,12 +142,18 @@ async def test_status_watch_redraws_the_table_every_second(
                 watch.kill()
                 await watch.wait()
         assert watch.returncode == 0, out.read_text()
-        screens = out.read_text().split("\x1b[H\x1b[2J")[1:]
-        assert 3 <= len(screens) <= 5, screens  # one a second, each on a cleared screen
+        screens = watch_screens(out)[:3]
+        stamps = [re.search(r"(\d\d:\d\d:\d\d)\n", screen).group(1) for screen in screens]
+        assert stamps == sorted(set(stamps)), stamps  # one redraw a second at most
         for screen in screens:
             assert "WORKER" in screen and re.search(r"^w1 +running", screen, flags=re.M)
             for shard in SHARDS:
                 assert re.search(rf"^{shard} +w1 ", screen, flags=re.M), screen
+
+
+def watch_screens(out: Path) -> list[str]:
+    """What `status --watch` drew, screen by screen (each starts by clearing the terminal)."""
+    return out.read_text().split("\x1b[H\x1b[2J")[1:]
 
 
 # --- in a real browser ------------------------------------------------------------------------
