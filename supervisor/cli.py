@@ -47,7 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     with_config("check-config", "validate a config file and print the effective config")
     with_config("init-table", "create the DynamoDB table if it does not exist")
     status = with_config("status", "show workers and shards as the table has them")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="machine-readable output")
+    shown.add_argument(
+        "--watch", action="store_true", help="redraw the table every second (Ctrl-C ends)"
+    )
     drain = with_config("drain", "a worker hands off all its shards and takes none")
     drain.add_argument("worker", metavar="WORKER", help="worker id (see `status`)")
     drain.add_argument("--undo", action="store_true", help="let the worker take shards again")
@@ -174,8 +178,39 @@ def _cmd_status(config: Config, args: argparse.Namespace) -> int:
         await store.ensure_table(False)
         return await store.snapshot()
 
+    if args.watch:
+        return _watch_status(config, read)
     status = fleet_status(trio.run(read), config, time.time())
     print(json.dumps(status, indent=2) if args.json else render_table(status))
+    return exit_codes.OK
+
+
+WATCH_INTERVAL = 1.0  # seconds between redraws of `status --watch`
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: plain ANSI, any terminal
+
+
+def _watch_status(config: Config, read) -> int:
+    """Redraw the table every second until Ctrl-C; a failed read shows on the screen and the
+    next second tries again (an operator watching an outage wants to see it end)."""
+    from supervisor.core.status import fleet_status, render_table
+
+    async def loop() -> None:
+        while True:
+            started = trio.current_time()
+            try:
+                with trio.fail_after(10 * WATCH_INTERVAL):
+                    table = render_table(fleet_status(await read(), config, time.time()))
+            except (LeaseStoreError, trio.TooSlowError) as exc:
+                table = f"shardvisor: lease store: {exc or 'no answer within 10 s'}"
+            stamp = time.strftime("%H:%M:%S")
+            header = f"shardvisor status --watch  table {config.dynamodb.table}  {stamp}"
+            print(f"{_CLEAR}{header}\n\n{table}", flush=True)
+            await trio.sleep_until(started + WATCH_INTERVAL)
+
+    try:
+        trio.run(loop)
+    except KeyboardInterrupt:
+        return exit_codes.OK
     return exit_codes.OK
 
 

@@ -1,4 +1,4 @@
-"""The supervisor's HTTP endpoint: /healthz, /readyz, /metrics.
+"""The supervisor's HTTP endpoint: /healthz, /readyz, /metrics, and the fleet page (/, /fleet).
 
 HTTP/1.1 with h11 (sans-IO, already installed with trio-websocket) on trio's TCP listeners:
 a handful of probe and scrape requests a minute needs no web framework. Bounded everywhere: a
@@ -58,7 +58,7 @@ async def serve_http(
             f"http.listen = {listen!r}: cannot listen: {exc.strerror or exc}"
         ) from exc
     bound = listeners[0].socket.getsockname()[1]
-    log.info("HTTP endpoint on %s:%d (/healthz /readyz /metrics)", host, bound)
+    log.info("HTTP endpoint on %s:%d (%s)", host, bound, " ".join(sorted(routes)))
     task_status.started(bound)
     limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
     await trio.serve_listeners(functools.partial(_connection, routes, limiter), listeners)

@@ -139,6 +139,23 @@ class HttpConfig:
 
 
 @attrs.frozen
+class CloudWatchConfig:
+    # true: every ``interval`` the supervisor writes CloudWatch Embedded Metric Format lines
+    # (one JSON object each) on its log stream; the awslogs driver, the CloudWatch agent or
+    # Fluent Bit turn them into metrics. No API call, no extra IAM permission.
+    emf: bool = setting(False, checks.boolean)
+    # CloudWatch's rules: 1-255 characters of A-Z a-z 0-9 . - _ / # :, not starting "AWS/".
+    namespace: str = setting(
+        "shardvisor",
+        checks.matching(
+            r"(?!AWS/)[A-Za-z0-9.\-_/#:]{1,255}",
+            "be 1-255 characters of A-Z a-z 0-9 . - _ / # : (not starting with AWS/)",
+        ),
+    )
+    interval: float = setting(60.0, checks.duration())
+
+
+@attrs.frozen
 class TlsConfig:
     # PEM file of CAs for wss:// feeds; "" = the system's trust store. That the file exists
     # and parses is an environment check (``environment``), not part of validation.
@@ -194,6 +211,7 @@ class Config:
     http: HttpConfig = attrs.field(factory=HttpConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)
     websocket: WebSocketConfig = attrs.field(factory=WebSocketConfig)
+    cloudwatch: CloudWatchConfig = attrs.field(factory=CloudWatchConfig)
     shards: tuple[ShardConfig, ...] = ()
     # Values written with ${NAME} in the file: (key path, the text as written), so that
     # check-config prints the reference, never the value...

@@ -177,6 +177,18 @@ def _pings_need_a_timeout(path: str, interval: float, timeout: float) -> list[Pr
     return []
 
 
+MIN_EMF_INTERVAL = 1.0  # CloudWatch stores at most one value per second (high resolution)
+
+
+def cloudwatch_rules(sections: Mapping[str, Any], bad: Set[str]) -> list[Problem]:
+    interval = sections["cloudwatch"].interval
+    if "interval" not in bad and interval < MIN_EMF_INTERVAL:
+        got = format_duration(interval)
+        problem = f"must be at least 1s: CloudWatch keeps one value a second (got {got})"
+        return [("cloudwatch.interval", problem)]
+    return []
+
+
 # Run right after their section is read (in Config's order, so [sink] is read before
 # [dead_letter]): the problems stay in the order of the file's sections.
 RULES: Mapping[str, Rule] = {
@@ -185,6 +197,7 @@ RULES: Mapping[str, Rule] = {
     "sink": sink_rules,
     "dead_letter": dead_letter_rules,
     "websocket": websocket_rules,
+    "cloudwatch": cloudwatch_rules,
 }
 
 # Run once the whole file is read (the shards too); a key that failed its own check is not

@@ -46,6 +46,7 @@ from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import ShardWatch
+from supervisor.drivers.reporting import Reporter
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
 
@@ -119,6 +120,17 @@ class Supervisor:
         self._taking: set[str] = set()
         self._registered_at = float("inf")
         self._host = health.HostQuarantine(config.supervisor.restart_window)
+        # The fleet page (/ and /fleet) and CloudWatch EMF: built from what rounds read.
+        self.reporter = Reporter(
+            config,
+            worker_id,
+            self.metrics,
+            now=now,
+            wall=wall,
+            snapshot=lambda: self._snapshot,
+            local=self.local_status,
+            runners=lambda: self.runners,
+        )
 
     # --- control -------------------------------------------------------------------------------
 
@@ -187,6 +199,8 @@ class Supervisor:
             nursery.start_soon(self.watch.run)
             if self.config.lease.handoff_poll_interval > 0:
                 nursery.start_soon(self._handoff_poll_loop)
+            if self.config.cloudwatch.emf:
+                nursery.start_soon(self.reporter.emf_loop)
             if self.notifier.watchdog_interval:
                 nursery.start_soon(self._systemd_watchdog, self.notifier.watchdog_interval)
             task_status.started()
@@ -418,6 +432,7 @@ class Supervisor:
         """Ask a runner to hand its shard off gracefully: make-before-break where it applies
         (``make_before_break.plan_handoff``: ``budget`` is what a SIGTERM's drain has left)."""
         runner = self.runners[shard_id]
+        self.reporter.events.leaving(shard_id, successor, self.now())
         grace = 0.0 if self._fast else self._stop_grace()
         workers = self._snapshot.workers if self._snapshot is not None else ()
         features = next((w.features for w in workers if w.id == successor), frozenset())
@@ -551,6 +566,8 @@ class Supervisor:
         self._scans.invalidate()
         source = round_policy.take_source(expected_owner, self.worker_id)
         self.metrics.takes.labels(source).inc()
+        if source == "dead-owner":
+            self._note_failover(shard_id, expected_owner)
         previous = expected_owner or "nobody"
         log.info(
             "took shard from %s at epoch %d",
@@ -589,10 +606,27 @@ class Supervisor:
             self.keeper.ended(runner, self.now())
             if self.runners.get(runner.shard_id) is runner:
                 del self.runners[runner.shard_id]
+            if not runner.is_standby:  # a hand-off ends here (its duration, for /fleet, EMF)
+                released = runner.state is RunnerState.STOPPED
+                self.reporter.events.ended(
+                    runner.shard_id,
+                    released=released,
+                    me=self.worker_id,
+                    now=self.now(),
+                    wall=self.wall(),
+                )
             if runner.crash_looped and not runner.is_standby:
                 # Released for another host to try; we keep our hands off it for a while.
                 self.recently_shed[runner.shard_id] = self.now()
                 self._note_quarantine()
+
+    def _note_failover(self, shard_id: str, owner: str) -> None:
+        """For the fleet page and EMF: the dead owner's last heartbeat (wall) to our take."""
+        workers = self._snapshot.workers if self._snapshot is not None else ()
+        last = next((w.heartbeat_at for w in workers if w.id == owner), 0.0)
+        self.reporter.events.failover(
+            shard_id, owner=owner, me=self.worker_id, last_heartbeat=last, wall=self.wall()
+        )
 
     def _note_quarantine(self) -> None:
         """Exit 70 when most of this host's shards crash-loop (``health.HostQuarantine``)."""
@@ -649,7 +683,8 @@ class Supervisor:
     # --- health and metrics ----------------------------------------------------------------------
 
     def http_routes(self) -> dict[str, Callable[[], Response]]:
-        return {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+        routes = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+        return {**routes, **self.reporter.routes()}
 
     def _healthz(self) -> Response:
         """Answering at all proves the event loop runs; a blocked loop makes the probe time out."""

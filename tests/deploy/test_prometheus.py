@@ -160,10 +160,13 @@ class LiveFleet:
     scrape: Scrape
 
 
-# Short leases: the failover below takes seconds, not the default's ten.
+# Short leases: the failover below takes seconds, not the default's ten. A standby of every
+# shard, with the smallest buffer allowed: standbys that drop records and get promoted, for the
+# standby rules and panels (a labelled counter has no series before its first event).
 SETTINGS = {
     "lease": {"duration": "2s", "heartbeat_interval": "500ms", "reconcile_interval": "500ms"},
     "supervisor": {"shutdown_timeout": "5s", "checkpoint_interval": "200ms"},
+    "standby": {"count": 1, "max_buffer_bytes": 1024},
     "http": {"listen": "127.0.0.1:0"},
 }
 
@@ -183,6 +186,12 @@ def metric_value(text: str, sample: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def standby_drops(supervisor: LiveSupervisor) -> float:
+    text = supervisor.get("/metrics")[1].decode()
+    found = re.findall(r"^shardvisor_standby_dropped_records_total\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(value) for value in found)
+
+
 def signal_restarts(supervisor: LiveSupervisor) -> float:
     text = supervisor.get("/metrics")[1].decode()
     return metric_value(text, 'shardvisor_child_restarts_total{reason="signal"}') or 0.0
@@ -190,8 +199,9 @@ def signal_restarts(supervisor: LiveSupervisor) -> float:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, dynalite_server) -> Iterator[LiveFleet]:
-    """w1 takes every shard; w2 joins (w1 hands some off); w2's host dies (w1 takes them back
-    from a dead owner); one of w1's children is killed (a restart). w1 keeps running."""
+    """w1 takes every shard; w2 joins (w1 hands some off, and stands by for them: its small
+    buffers drop records); w2's host dies (w1 takes them back from a dead owner, promoting its
+    standbys); one of w1's children is killed (a restart). w1 keeps running."""
     root = tmp_path_factory.mktemp("prometheus")
     table = "prom-" + uuid.uuid4().hex[:12]
     with running_feed(root, rate=50.0) as feed_url:
@@ -204,6 +214,7 @@ def live(tmp_path_factory, dynalite_server) -> Iterator[LiveFleet]:
             wait_for(lambda: shards_held(w1) == len(SHARDS), 30, "w1 holding every shard")
             w2 = LiveSupervisor(root / "w2", config("w2", table, dynalite_server.url, feed_url))
             wait_for(lambda: shards_held(w2) > 0, 30, "a hand-off to w2")
+            wait_for(lambda: standby_drops(w1) > 0, 30, "w1's standbys dropping records")
             w2.kill_host()
             wait_for(lambda: shards_held(w1) == len(SHARDS), 30, "the failover to w1")
             victim = wait_for(lambda: child_pids(w1.proc.pid), 10, "w1's children")[0]
@@ -378,6 +389,7 @@ def test_the_fleet_events_are_in_the_scrape(live) -> None:
     assert metric_value(text, 'shardvisor_child_restarts_total{reason="signal"}') >= 1
     assert metric_value(text, "shardvisor_handoff_seconds_count") >= 1
     assert metric_value(text, "shardvisor_shards_held") == len(SHARDS)
+    assert metric_value(text, 'shardvisor_promotions_total{kind="failover"}') >= 1
 
 
 # --- a real Prometheus server -----------------------------------------------------------------
@@ -485,7 +497,7 @@ def test_every_panel_query_runs_in_prometheus(live, prometheus) -> None:
     for expr in panel_queries(dashboard()):
         prometheus.query(grafana_to_promql(expr))  # a PromQL error fails the API call
     per_worker = [p for p in panels(dashboard()) if p["title"].endswith("per worker")]
-    assert len(per_worker) == 3
+    assert len(per_worker) == 4
     for panel in per_worker:
         (target,) = panel["targets"]
         expr = grafana_to_promql(target["expr"])
