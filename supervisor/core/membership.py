@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from supervisor.core.items import WorkerItem
+from supervisor.core.lease import PeerTracker
 from supervisor.core.peer_watch import GONE_STATES
 from supervisor.core.planner import fair_targets
 
@@ -88,19 +90,23 @@ def deal_excess(targets: Mapping[str, int], held: Mapping[str, int]) -> dict[str
     an excess beyond what the short members lack gets no name ("").
     """
     short = [
-        worker
-        for worker in sorted(targets)
-        for _ in range(max(targets[worker] - held.get(worker, 0), 0))
+        (w, targets[w] - held.get(w, 0)) for w in sorted(targets) if targets[w] > held.get(w, 0)
     ]
     dealt: dict[str, tuple[str, ...]] = {}
-    start = 0
+    at, used = 0, 0  # the short member being filled, and how much of its lack is dealt
     for worker in sorted(held):
         excess = held[worker] - targets.get(worker, 0)
         if excess <= 0:
             continue
-        names = short[start : start + excess]
+        names: list[str] = []
+        while len(names) < excess and at < len(short):
+            name, lack = short[at]
+            count = min(excess - len(names), lack - used)
+            names += [name] * count
+            used += count
+            if used == lack:
+                at, used = at + 1, 0
         dealt[worker] = tuple(names) + ("",) * (excess - len(names))
-        start += len(names)
     return dealt
 
 
@@ -109,3 +115,19 @@ def view_targets(view: MembershipView, shard_count: int, me: str, my_cap: int) -
     the members advertise: the same targets every worker computes from the same view."""
     live = set(view.live()) | {me}
     return fair_targets(shard_count, live, {**view.caps(), me: my_cap})
+
+
+def view_tracker(view: MembershipView, duration: float, now: float) -> PeerTracker:
+    """A ``PeerTracker`` that judges as the view says, for the planner: in protocol 2 the watch
+    ring and the death notices judge liveness, so a listed worker is alive for ``duration``
+    from ``now`` unless its item says it is gone (``dead`` counts as ``stopped``: its shards
+    are taken only through a routing or a take conditional on owner and epoch)."""
+    tracker = PeerTracker(duration)
+    tracker.observe(
+        (
+            WorkerItem(m.id, "", 0, "stopped" if m.state in GONE_STATES else m.state, 0.0, 0.0)
+            for m in view.members
+        ),
+        now,
+    )
+    return tracker

@@ -15,6 +15,7 @@ Every worker computes the same keys from the same ids: the rule is a function of
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 
@@ -25,6 +26,7 @@ VACANT_READERS_PER_MEMBER = 2  # buckets each member reads when there are more m
 WORKER_PREFIX, OWNED_PREFIX, VACANT_PREFIX = "w#", "own#", "v#"
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet's ids, hashed once each
 def bucket(name: str, buckets: int = BUCKETS) -> int:
     """A stable bucket in ``range(buckets)``: the same on every host and Python (no ``hash``)."""
     digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
@@ -49,9 +51,11 @@ def vacant_key(shard_id: str, buckets: int = BUCKETS) -> str:
 
 
 def shard_fleet_key(item: ShardItem, buckets: int = BUCKETS) -> str | None:
-    """The ``fleet`` value a shard item carries: by owner, else its vacant bucket; a retired
-    shard carries none (it is never taken, so nobody needs to find it)."""
-    if item.retired_at:
+    """The ``fleet`` value a shard item carries: by owner, else its vacant bucket. An unowned
+    shard addressed to a successor is listed only under that successor (a mass hand-off then
+    writes no shared bucket; if the successor dies, its watchers re-route what is addressed to
+    it); a retired shard carries none (it is never taken, so nobody needs to find it)."""
+    if item.retired_at or (not item.owner and item.successor):
         return None
     return owned_key(item.owner) if item.owner else vacant_key(item.id, buckets)
 
@@ -63,6 +67,18 @@ def shard_successor_key(item: ShardItem) -> str | None:
     if item.retired_at or not item.successor:
         return None
     return item.successor
+
+
+def spot(name: str) -> str:
+    """The ``fleet`` index's sort key (``spot``): a hash of the shard id, so each reader of a
+    vacant bucket can start its one page at its own point (``spot >= start_spot(reader)``)
+    and the bucket's readers take different shards instead of racing for the first page."""
+    return hashlib.blake2b(f"spot\0{name}".encode(), digest_size=8).hexdigest()
+
+
+def start_spot(reader: str, number: int, turn: int) -> str:
+    """Where ``reader`` starts reading vacant bucket ``number`` at its ``turn``-th read."""
+    return spot(f"{reader}\0{number}\0{turn}")
 
 
 def vacant_buckets(

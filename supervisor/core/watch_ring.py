@@ -12,12 +12,14 @@ death happen sooner: the due time and the confirmation are each watcher's own
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 
 WATCHERS = 2  # K: each worker watches this many peers and is watched by as many
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet's ids, hashed once each
 def ring_position(worker_id: str) -> bytes:
     """A worker's place on the ring: a hash, so neighbours do not follow naming patterns
     (hosts of one rack or one deploy wave, likely to die together, end up apart)."""

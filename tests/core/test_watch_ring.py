@@ -63,6 +63,7 @@ def test_a_shard_sits_under_its_owner_its_vacant_bucket_or_nowhere():
     assert shard_fleet_key(ShardItem("s1", "w1", 3)) == owned_key("w1") == "own#w1"
     assert shard_fleet_key(ShardItem("s1", "", 3)) == vacant_key("s1")
     assert shard_fleet_key(ShardItem("s1", "", 3, retired_at=5.0)) is None
+    assert shard_fleet_key(ShardItem("s1", "", 3, successor="w2")) is None  # under w2 only
     assert shard_successor_key(ShardItem("s1", "w1", 3, successor="w2")) == "w2"
     assert shard_successor_key(ShardItem("s1", "", 3)) is None
     assert shard_successor_key(ShardItem("s1", "", 3, successor="w2", retired_at=1.0)) is None
