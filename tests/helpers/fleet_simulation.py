@@ -157,7 +157,7 @@ class Simulation:
         addressed = await worker.fleet.addressed_to(dead)  # handed to it, not yet taken
         for item in (*await worker.fleet.owned_by(dead), *addressed):
             to = max(live, key=lambda m, s=item.id: rendezvous_rank(m, s))
-            await worker.fleet.route(item.id, item.owner, item.epoch, to)
+            await worker.fleet.route(item.id, item.owner, item.epoch, to, dead=dead)
 
     async def _poll_and_plan(self, worker: Worker) -> None:
         addressed = await worker.fleet.addressed_to(worker.id)

@@ -181,12 +181,17 @@ class MemoryFleet:
         await self._query("addressed_to", f"successor:{me}", found)
         return tuple(found)
 
-    async def route(self, shard_id: str, owner: str, epoch: int, to: str) -> bool:
-        """Name ``to`` as successor of a dead owner's shard, on ``#owner = :owner AND epoch``."""
+    async def route(
+        self, shard_id: str, owner: str, epoch: int, to: str, dead: str | None = None
+    ) -> bool:
+        """Name ``to`` as successor of a dead worker's shard: owned by it (``#owner = :owner
+        AND epoch``), or, unowned, addressed to it (``dead``: ``successor = :dead AND epoch``)."""
         table = await self._store._enter("route")
         item = table.shards.get(shard_id)
         self.meter.write("route", _pk("shard", shard_id), item_size(item), item_size(item))
         if item is None or item.owner != owner or item.epoch != epoch:
+            return False
+        if not owner and item.successor != (dead or ""):
             return False
         self._place(attrs.evolve(item, successor=to))
         return True
