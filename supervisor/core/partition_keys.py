@@ -6,8 +6,8 @@ items spread over many values, each read only by the workers it concerns, and no
 more than a small share of its partition's limit (docs/lease-protocol.md, *Protocol 2*):
 
 * ``fleet`` index: ``w#NN`` for worker items (64 buckets, re-read after a generation change),
-  ``own#<worker>`` for owned shards (queried by a dead worker's watchers), ``v#NN`` for unowned
-  shards (64 buckets, each dealt to a few members);
+  ``own#<worker>`` for owned shards (queried by a dead worker's watchers), ``v#NNN`` for
+  unowned shards named for nobody (256 buckets, each dealt to a few members);
 * ``successor`` index: the worker a shard is addressed to (its hand-off poll).
 
 Every worker computes the same keys from the same ids: the rule is a function of the ids alone.
@@ -21,7 +21,10 @@ from collections.abc import Iterable
 
 from supervisor.core.items import ShardItem
 
-BUCKETS = 64  # worker and vacant buckets each: ≈ 16 workers (≈ 2 KB, one page) at W = 1,000
+BUCKETS = 64  # worker buckets: ≈ 16 workers (≈ 2 KB, one page) at W = 1,000
+# Vacant buckets: at a cold start of 1,000 workers each taking 50 shards a round, a bucket
+# loses ≈ 195 index entries a round (98 WRU/s, 10 % of a partition); 64 gave 34 %.
+VACANT_BUCKETS = 256
 VACANT_READERS_PER_MEMBER = 2  # buckets each member reads when there are more members than buckets
 WORKER_PREFIX, OWNED_PREFIX, VACANT_PREFIX = "w#", "own#", "v#"
 
@@ -46,11 +49,15 @@ def owned_key(owner: str) -> str:
     return f"{OWNED_PREFIX}{owner}"
 
 
-def vacant_key(shard_id: str, buckets: int = BUCKETS) -> str:
-    return f"{VACANT_PREFIX}{bucket(shard_id, buckets):02d}"
+def vacant_key(shard_id: str, buckets: int = VACANT_BUCKETS) -> str:
+    return vacant_bucket_key(bucket(shard_id, buckets))
 
 
-def shard_fleet_key(item: ShardItem, buckets: int = BUCKETS) -> str | None:
+def vacant_bucket_key(number: int) -> str:
+    return f"{VACANT_PREFIX}{number:03d}"
+
+
+def shard_fleet_key(item: ShardItem, buckets: int = VACANT_BUCKETS) -> str | None:
     """The ``fleet`` value a shard item carries: by owner, else its vacant bucket. An unowned
     shard addressed to a successor is listed only under that successor (a mass hand-off then
     writes no shared bucket; if the successor dies, its watchers re-route what is addressed to
@@ -84,7 +91,7 @@ def start_spot(reader: str, number: int, turn: int) -> str:
 def vacant_buckets(
     me: str,
     members: Iterable[str],
-    buckets: int = BUCKETS,
+    buckets: int = VACANT_BUCKETS,
     per_member: int = VACANT_READERS_PER_MEMBER,
 ) -> tuple[int, ...]:
     """The vacant buckets this member reads, dealt alike by every worker from the same view.
@@ -103,7 +110,7 @@ def vacant_buckets(
 def bucket_readers(
     number: int,
     members: Iterable[str],
-    buckets: int = BUCKETS,
+    buckets: int = VACANT_BUCKETS,
     per_member: int = VACANT_READERS_PER_MEMBER,
 ) -> tuple[str, ...]:
     """The members that read vacant bucket ``number`` (the inverse of ``vacant_buckets``)."""

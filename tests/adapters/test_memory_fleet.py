@@ -91,7 +91,7 @@ def test_a_shard_released_to_a_successor_is_listed_under_it_only():
 def test_a_vacant_bucket_is_read_one_page_from_the_readers_spot_wrapping():
     async def main():
         f = fleet()
-        ids = [f"s{i:05d}" for i in range(20_000)]
+        ids = [f"s{i:05d}" for i in range(40_000)]  # ≈ 156 a bucket
         await f.ensure_shards(ids)
         number = bucket(ids[0])
         listed = [s for s in ids if bucket(s) == number]

@@ -22,14 +22,14 @@ from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
 from supervisor.core.items import ShardItem, WorkerItem
 from supervisor.core.lease import PeerTracker
 from supervisor.core.membership import MembershipView, deal_excess, view_tracker
-from supervisor.core.partition_keys import BUCKETS, start_spot, vacant_buckets
+from supervisor.core.partition_keys import VACANT_BUCKETS, start_spot, vacant_buckets
 from supervisor.core.peer_watch import WatchBook
 from supervisor.core.planner import fair_targets, plan_round, rendezvous_rank
 from supervisor.core.watch_ring import watched_by
 
 D, H, R, POLL = 10.0, 2.0, 2.0, 0.25  # lease duration, heartbeat, round, hand-off poll
-FULL_SCAN = 60.0  # full_scan_interval: how often a short worker may read every vacant bucket
-MAX_TAKES = 100  # per worker per round: its own#<worker> key stays at 5 % of a partition
+SHORT_SCAN = D  # how often a short worker whose buckets are empty may read every bucket
+MAX_TAKES = 50  # per worker per round: its own# key at 2.5 %, a vacant bucket at 10 %
 
 
 @attrs.define
@@ -177,9 +177,9 @@ class Simulation:
             turn = int(self.now / R)
             for number in vacant_buckets(worker.id, view.live()):
                 vacant += await worker.fleet.vacant_in(number, start_spot(worker.id, number, turn))
-            if not vacant and not addressed and self.now - worker.scanned_at >= FULL_SCAN:
+            if not vacant and not addressed and self.now - worker.scanned_at >= SHORT_SCAN:
                 worker.scanned_at = self.now  # still short, its buckets empty: all of them
-                for number in range(BUCKETS):
+                for number in range(VACANT_BUCKETS):
                     vacant += await worker.fleet.vacant_in(
                         number, start_spot(worker.id, number, turn)
                     )

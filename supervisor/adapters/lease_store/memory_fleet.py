@@ -151,7 +151,7 @@ class MemoryFleet:
     async def vacant_in(self, bucket: int, start: str = "") -> tuple[ShardItem, ...]:
         """``fleet = v#NN AND spot >= :start``, one page (wrapping to the bucket's start): the
         vacant shards named for nobody that one reader of the bucket looks at this round."""
-        key = f"{keys.VACANT_PREFIX}{bucket:02d}"
+        key = keys.vacant_bucket_key(bucket)
         await self._store._enter("vacant_in")
         ordered = sorted(self._table.listed.get(key, ()), key=keys.spot)
         after = [s for s in ordered if keys.spot(s) >= start]
