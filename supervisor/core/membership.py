@@ -51,10 +51,18 @@ class MembershipView:
     generation: int  # of the meta item, as read just before the member list
     members: tuple[Member, ...]  # every worker item listed, in id order
     read_at: float  # our monotonic time of the re-read
+    retried: bool = False  # a second read for the same generation: taken as it is
 
     @classmethod
-    def read(cls, generation: int, members: Iterable[Member], at: float) -> MembershipView:
-        return cls(generation, tuple(sorted(members, key=lambda m: m.id)), at)
+    def read(
+        cls,
+        generation: int,
+        members: Iterable[Member],
+        at: float,
+        previous: MembershipView | None = None,
+    ) -> MembershipView:
+        retried = previous is not None and previous.generation == generation
+        return cls(generation, tuple(sorted(members, key=lambda m: m.id)), at, retried)
 
     def by_id(self) -> dict[str, Member]:
         return {member.id: member for member in self.members}
@@ -72,12 +80,16 @@ class MembershipView:
         return {m.id: m.max_shards for m in self.members if m.max_shards}
 
     def complete(self) -> bool:
-        """False when a change the generation counts has not reached the index yet (the
-        highest ``mgen`` listed is below the generation read): read again next round."""
+        """False when a change the generation counts may not have reached the index yet (the
+        highest ``mgen`` listed is below the generation read)."""
         return max((m.mgen for m in self.members), default=0) >= self.generation
 
     def needs_reread(self, generation: int, now: float, refresh: float) -> bool:
-        return generation != self.generation or not self.complete() or now - self.read_at >= refresh
+        """The generation moved, the view looks incomplete (read once more, the next round: a
+        bump whose item write never came, a writer that died between the two, would otherwise
+        keep every worker re-reading), or ``refresh`` has passed."""
+        incomplete = not self.complete() and not self.retried
+        return generation != self.generation or incomplete or now - self.read_at >= refresh
 
 
 def deal_excess(targets: Mapping[str, int], held: Mapping[str, int]) -> dict[str, tuple[str, ...]]:

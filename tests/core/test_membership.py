@@ -23,6 +23,8 @@ def test_the_view_is_reread_only_when_the_generation_moved_it_is_incomplete_or_o
     assert current.needs_reread(3, now=300.0, refresh=300.0)
     lagging = view(Member("a", "running", mgen=2), generation=3)  # change 3 not in the index yet
     assert not lagging.complete() and lagging.needs_reread(3, now=1.0, refresh=300.0)
+    again = MembershipView.read(3, lagging.members, 2.0, previous=lagging)
+    assert not again.needs_reread(3, now=3.0, refresh=300.0)  # a bump with no item: taken
 
 
 def test_members_take_shards_the_ring_holds_everyone_who_may_still_own_some():

@@ -129,7 +129,7 @@ class Simulation:
         generation = await worker.fleet.read_generation()
         if worker.view is None or worker.view.needs_reread(generation, self.now, 300.0):
             members = await worker.fleet.read_members()
-            worker.view = MembershipView.read(generation, members, self.now)
+            worker.view = MembershipView.read(generation, members, self.now, worker.view)
             worker.book.watch(watched_by(worker.id, worker.view.on_ring()))
 
     async def _watch(self, worker: Worker) -> None:
