@@ -60,7 +60,8 @@ class MemoryFleet:
         return self._table.generation
 
     async def join(self, worker: WorkerItem) -> WorkerItem:
-        """Register (as protocol 1), then announce: the generation moves, ``mgen`` records it."""
+        """Register (as protocol 1) and announce: the generation moves, ``mgen`` records it
+        (DynamoDB raises the generation first; in memory nothing runs between the two)."""
         new = await self._store.register_worker(worker)
         old = self._table.members.get(worker.id)
         self.meter.write("register_worker", _pk("worker", worker.id), 0, item_size(new))
