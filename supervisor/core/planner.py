@@ -77,6 +77,7 @@ def plan_round(
     peer_caps: Mapping[str, int] | None = None,
     standby_claims: Collection[str] = (),
     standby_waiting: Collection[str] = (),
+    shard_count: int | None = None,
 ) -> Plan:
     """One reconcile round. ``held`` maps shard -> epoch for shards with a running child here.
 
@@ -88,6 +89,8 @@ def plan_round(
     shards leave through the drain or the lease watchdog. ``standby_claims`` and
     ``standby_waiting`` are the standby-first rule (``standby.standby_priority``): dead owners'
     shards we take first as their standby, and those we leave to another's standby for now.
+    ``shard_count`` is the fleet's shard total when ``shards`` holds only what concerns us
+    (protocol 2's bounded reads); by default the targets share ``shards`` itself.
     """
     wanted = set(configured)
     items = {s.id: s for s in shards if s.id in wanted}
@@ -102,7 +105,8 @@ def plan_round(
         return Plan(lost=lost)
     keeping = [sid for sid in held if sid not in lost]
     live = {w for w in tracker.known() if tracker.is_live_member(w, now)} | {me}
-    targets = fair_targets(len(items), live, {**(peer_caps or {}), me: max_shards})
+    total = len(items) if shard_count is None else shard_count
+    targets = fair_targets(total, live, {**(peer_caps or {}), me: max_shards})
     cooling = {sid for sid, at in (recently_shed or {}).items() if now - at < min_dwell}
     pool = list(items.values())
     share = _dealt_share(me, pool, targets, tracker, now)

@@ -20,7 +20,10 @@ from supervisor.adapters.lease_store.base import (
     TableMissing,
     WorkerIdTaken,
 )
+from supervisor.adapters.lease_store.billing import Meter
+from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.membership import Member
 
 OPERATIONS = frozenset(
     {
@@ -47,6 +50,16 @@ OPERATIONS = frozenset(
         "read_shard",
         "read_shards",
         "handoff_requests",
+        # protocol 2 (memory_fleet.py)
+        "read_generation",
+        "read_members",
+        "watch_read",
+        "death_notice",
+        "owned_by",
+        "addressed_to",
+        "route",
+        "vacant_in",
+        "ensure_shards",
     }
 )
 
@@ -61,6 +74,16 @@ class _Table:
     # Shards listed under roster = "handoff" (the index entry a take, release, cancel or
     # retire removes), as DynamoDB's sparse index would list them.
     handoffs: set[str] = attrs.field(factory=set)
+    # Protocol 2 (memory_fleet.py): the meta item's generation, the fleet index's worker
+    # projections, and the index entries by owner and by successor.
+    generation: int = 0
+    members: dict[str, Member] = attrs.field(factory=dict)
+    listed: dict[str, set[str]] = attrs.field(factory=dict)  # fleet index value -> shards
+    addressed: dict[str, set[str]] = attrs.field(factory=dict)  # successor -> shards
+    # The member list as last read (members then, in id order, per bucket): a thousand
+    # handles re-read it after each change, so it is sorted once per change.
+    members_version: int = 0
+    members_read: tuple[int, tuple[Member, ...], dict[str, int]] | None = None
 
 
 class MemoryLeaseStore:
@@ -74,6 +97,10 @@ class MemoryLeaseStore:
         )
         self.request_counts: collections.Counter[str] = collections.Counter()
         self.observer = None  # as DynamoLeaseStore's: (operation, seconds, error kind or "")
+
+    def fleet(self, meter: Meter | None = None) -> MemoryFleet:
+        """Protocol 2's requests on these items, billed on ``meter`` (share one per table)."""
+        return MemoryFleet(self, meter if meter is not None else Meter())
 
     def peer(self) -> MemoryLeaseStore:
         """Another handle on the same items with its own knobs: a second worker's view."""

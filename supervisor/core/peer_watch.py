@@ -1,0 +1,151 @@
+"""When to read a watched peer and when its death falls due, on the local monotonic clock.
+
+Protocol 2 (docs/lease-protocol.md): a worker reads only the K peers the watch ring gives it,
+eventually consistently, phase-locked to their heartbeats (one read about ``heartbeat_interval``
+after each change, then every ``poll`` until the next one). A peer whose counter has not moved
+for ``duration`` since our *first* observation of it is *due*: then, and only then, one strongly
+consistent read confirms it before anyone may write its death notice. So a stale replica can
+delay a death but never hasten it, and nothing is ever declared on an eventually consistent
+read alone.
+
+Every time here is the *arrival* of a response on our monotonic clock: a value seen at ``at``
+was written no later than ``at``, which is what the safety argument needs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import attrs
+
+_NEVER = float("inf")
+GONE_STATES = frozenset({"stopped", "dead"})  # a clean exit, or a notice someone wrote already
+
+
+class Standing(enum.Enum):
+    UNSEEN = "unseen"  # not read yet: no clock runs until we have seen it once
+    ALIVE = "alive"
+    DUE = "due"  # unchanged for a full duration: confirm with a strongly consistent read
+    GONE = "gone"  # stopped cleanly, or already declared dead: no notice needed from us
+
+
+@attrs.frozen
+class Seen:
+    """What a read of a worker item showed (the fields liveness needs)."""
+
+    counter: int
+    session: str
+    state: str
+
+
+def watch_poll(heartbeat_interval: float) -> float:
+    """How often to re-read a peer whose next heartbeat is late: the lag between a heartbeat
+    landing and our seeing it is at most this, and it adds to the failover time."""
+    return min(heartbeat_interval / 4, 0.25)
+
+
+@attrs.define
+class PeerClock:
+    """One watched peer: the counter we last saw, since when, and when to look again."""
+
+    duration: float
+    heartbeat_interval: float
+    seen: Seen | None = None
+    changed_at: float = _NEVER  # arrival of our first observation of ``seen.counter``
+    next_read_at: float = float("-inf")  # read at once
+
+    @property
+    def poll(self) -> float:
+        return watch_poll(self.heartbeat_interval)
+
+    def due_at(self) -> float:
+        return self.changed_at + self.duration
+
+    def observe(self, seen: Seen, at: float) -> None:
+        """An eventually consistent read arrived at ``at``. A lower counter than the one we
+        hold is a stale replica (counters only rise): ignored, the clock keeps running."""
+        old = self.seen
+        if old is None or seen.session != old.session or seen.counter > old.counter:
+            self.seen, self.changed_at = seen, at
+            self.next_read_at = at + self.heartbeat_interval
+            return
+        if seen.counter == old.counter:
+            self.seen = seen  # a state written without a heartbeat (orphaned, dead)
+        self.next_read_at = min(at + self.poll, max(self.due_at(), at))
+
+    def read_failed(self, at: float) -> None:
+        """The read (or the confirmation) did not answer: try again one poll later. The
+        clock is not reset: no news is not a heartbeat."""
+        self.next_read_at = at + self.poll
+
+    def standing(self, now: float) -> Standing:
+        if self.seen is None:
+            return Standing.UNSEEN
+        if self.seen.state in GONE_STATES:
+            return Standing.GONE
+        return Standing.DUE if now >= self.due_at() else Standing.ALIVE
+
+    def confirm(self, seen: Seen, at: float) -> bool:
+        """A *strongly consistent* read arrived at ``at``: True when the peer is dead (same
+        session, same counter a full duration after we first saw it), and the caller may then
+        write the notice conditional on exactly ``seen.counter`` and ``seen.session``.
+        Anything else is a fresh observation."""
+        old = self.seen
+        dead = (
+            old is not None
+            and at >= self.due_at()
+            and seen.session == old.session
+            and seen.counter == old.counter
+            and seen.state not in GONE_STATES
+        )
+        self.observe(seen, at)
+        return dead
+
+
+@attrs.define
+class WatchBook:
+    """The clocks of the peers this worker watches; tells the driver what to do and when."""
+
+    duration: float
+    heartbeat_interval: float
+    clocks: dict[str, PeerClock] = attrs.field(factory=dict)
+
+    def watch(self, peers: Iterable[str]) -> None:
+        """Follow the ring: keep the clocks of peers still watched (their time keeps counting),
+        start new ones unseen (a full duration from first sight), drop the rest."""
+        wanted = set(peers)
+        self.clocks = {
+            peer: self.clocks.get(peer) or PeerClock(self.duration, self.heartbeat_interval)
+            for peer in sorted(wanted)
+        }
+
+    def to_read(self, now: float) -> tuple[str, ...]:
+        """Peers to read eventually consistently now (unseen or alive, read time reached)."""
+        return tuple(
+            peer
+            for peer, clock in self.clocks.items()
+            if clock.standing(now) in (Standing.UNSEEN, Standing.ALIVE)
+            and clock.next_read_at <= now
+        )
+
+    def to_confirm(self, now: float) -> tuple[str, ...]:
+        """Peers due now: read each strongly consistently, then ``confirm``."""
+        return tuple(
+            peer
+            for peer, clock in self.clocks.items()
+            if clock.standing(now) is Standing.DUE and clock.next_read_at <= now
+        )
+
+    def gone(self, now: float) -> tuple[str, ...]:
+        return tuple(p for p, c in self.clocks.items() if c.standing(now) is Standing.GONE)
+
+    def next_wake(self, now: float) -> float:
+        """When the driver must act next: a read time or a due time, whichever comes first (a
+        timer, so a death is acted on when it falls due, not at the next round)."""
+        times = [
+            max(min(clock.next_read_at, clock.due_at()), now)
+            for clock in self.clocks.values()
+            if clock.standing(now) is not Standing.GONE
+        ]
+        return min(times, default=_NEVER)
