@@ -177,7 +177,8 @@ def test_the_fast_path_decides_as_the_general_path(
     fast = FrameDecoder(sequence, last, keep_text=keep_text)
     general = FrameDecoder(sequence, last, keep_text=keep_text)
     for message in feed:
-        assert fast.accept(message) == general.accept_general(message)
+        # By repr: a feed may send the text NaN, which JSON parses to a float never equal to itself.
+        assert repr(fast.accept(message)) == repr(general.accept_general(message))
         assert fast.tracker == general.tracker
     assert fast.received == general.received == len(feed)
 
