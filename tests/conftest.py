@@ -21,6 +21,20 @@ settings.register_profile("shared-machine", deadline=None)
 settings.load_profile("shared-machine")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests first, then the other real-time ones, then the rest (a stable sort,
+    so each group keeps its order). ``scripts/test.sh`` runs two pytest-xdist workers that
+    take tests in this order: the long runs start early, and the short tests fill in around
+    them instead of one long run starting last and making the tail of the suite."""
+
+    def group(item: pytest.Item) -> int:
+        if item.nodeid.startswith("tests/e2e/"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=group)
+
+
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[ServerProcess]:
     server = start_moto_server()

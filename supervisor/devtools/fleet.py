@@ -28,7 +28,7 @@ import trio
 from supervisor.adapters.lease_store.base import LeaseStoreError
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.core.items import Snapshot
-from supervisor.devtools.sink_audit import StreamAudit, audit_sink_dir
+from supervisor.devtools.sink_audit import SinkFollower, StreamAudit, audit_sink_dir
 
 SINK_PATH = "out/{shard}/{stream}.{epoch}.jsonl"  # relative to the work directory
 REGION = "us-east-1"
@@ -54,6 +54,11 @@ class Fleet:
     procs: dict[str, trio.Process] = attrs.field(factory=dict)
     _groups: set[int] = attrs.field(factory=set, init=False)  # every group ever started
     _store: DynamoLeaseStore | None = attrs.field(default=None, init=False)
+    _written: SinkFollower = attrs.field(init=False)
+
+    @_written.default
+    def _follow_sinks(self) -> SinkFollower:
+        return SinkFollower(self.workdir / "out")
 
     @property
     def store(self) -> DynamoLeaseStore:
@@ -197,7 +202,7 @@ class Fleet:
 
     async def wait_written(self, stream: str, seq: int, timeout: float) -> None:
         with trio.fail_after(timeout):
-            while self.audit().get(stream, StreamAudit(stream)).max_seq < seq:
+            while self._written.max_seq(stream) < seq:
                 await trio.sleep(0.05)
 
 

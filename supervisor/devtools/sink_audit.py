@@ -125,3 +125,38 @@ def read_records(paths: Iterable[Path]) -> dict[str, StreamAudit]:
 
 def audit_sink_dir(root: Path) -> dict[str, StreamAudit]:
     return read_records(root.rglob("*.jsonl"))
+
+
+@attrs.define
+class SinkFollower:
+    """How far each stream has been written under ``root``, read as the files grow: each look
+    parses only the lines appended since the last one. Waiting on a busy fleet by re-reading
+    every sink file costs what the fleet ever wrote, on each poll, in the process that often
+    also runs the feed; this costs what was written since. (The jsonl sink only appends: a
+    rotated part is a new file, never a renamed one.)"""
+
+    root: Path
+    _offsets: dict[Path, int] = attrs.field(factory=dict)
+    _max_seq: dict[str, int] = attrs.field(factory=dict)
+
+    def max_seq(self, stream: str) -> int:
+        """The highest sequence number of ``stream`` written so far (0: none)."""
+        for path in sorted(self.root.rglob("*.jsonl")):
+            self._read_new(path)
+        return self._max_seq.get(stream, 0)
+
+    def _read_new(self, path: Path) -> None:
+        offset = self._offsets.get(path, 0)
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+        complete = chunk.rfind(b"\n") + 1  # a last line without its newline is still being written
+        self._offsets[path] = offset + complete
+        for line in chunk[:complete].splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "reason" in rec or rec.get("seq") is None:  # a dead letter: not delivered
+                continue
+            stream = rec["stream"]
+            self._max_seq[stream] = max(self._max_seq.get(stream, 0), rec["seq"])

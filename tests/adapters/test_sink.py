@@ -192,3 +192,36 @@ def test_sink_audit_skips_a_line_still_being_written(tmp_path: Path) -> None:
         fh.write('{"shard": "sh-1", "stream": "a", "seq": 4, "epo')
     audit = audit_sink_dir(tmp_path)["a"]
     assert [r.seq for r in audit.records] == [1, 2, 3]
+
+
+def test_the_follower_sees_what_the_files_gain_and_agrees_with_the_audit(tmp_path: Path) -> None:
+    """``Fleet.wait_written`` polls it: each look parses only what was appended (new rotated
+    parts included), a torn last line waits for its newline, dead letters are not records."""
+    from shard_worker.adapters.sinks.jsonl import DeadLetterSink
+    from supervisor.devtools.sink_audit import SinkFollower, audit_sink_dir
+
+    follower = SinkFollower(tmp_path)
+    assert follower.max_seq("a") == 0  # nothing written yet: no files at all
+    sink = make_sink(tmp_path, rotate_bytes=FLUSH_BYTES)
+    for seq in range(1, 501):
+        sink.write("a", seq, {"pad": "x" * 200})
+    sink.flush()
+    assert follower.max_seq("a") == audit_sink_dir(tmp_path)["a"].max_seq
+    for seq in range(501, 1001):  # rotates into new parts
+        sink.write("a", seq, {"pad": "x" * 200})
+    sink.close()
+    assert len(list(tmp_path.rglob("a.4*.jsonl"))) >= 3
+    assert follower.max_seq("a") == 1000 == audit_sink_dir(tmp_path)["a"].max_seq
+    last = max(tmp_path.rglob("a.4*.jsonl"), key=lambda p: int(p.stem.partition("+")[2] or 0))
+    with last.open("a", encoding="utf-8") as fh:
+        fh.write('{"shard": "sh-1", "stream": "a", "seq": 1001, "epo')
+    assert follower.max_seq("a") == 1000  # a line still being written
+    with last.open("a", encoding="utf-8") as fh:
+        fh.write('ch": 4, "worker": "w-9", "ts": 1.0, "data": {}}\n')
+    assert follower.max_seq("a") == 1001
+    dead = DeadLetterSink(
+        str(tmp_path / "{shard}" / "dead-letter.{epoch}.jsonl"), shard="sh-1", epoch=4, worker="w"
+    )
+    dead.write("a", 2000, {"seq": 2000}, reason="malformed", error="x")
+    dead.close()
+    assert follower.max_seq("a") == 1001
