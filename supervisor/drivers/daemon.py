@@ -52,6 +52,8 @@ from supervisor.drivers.standbys import StandbyKeeper
 
 log = logging.getLogger("shardvisor.supervisor")
 
+MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
+
 
 class Supervisor:
     def __init__(
@@ -643,6 +645,22 @@ class Supervisor:
 
     # --- drain ---------------------------------------------------------------------------------
 
+    async def _observe_members(self, timeout: float) -> None:
+        """Read the worker items once more before naming successors for a drain. The last
+        round's view may be a reconcile interval old: a peer that retired since (a rolling
+        deploy stops hosts one after another) would be named, and each of its shards would wait
+        out ``handoff_timeout`` for an answer that never comes, then move break-before-make.
+        Bounded; if the read fails or is late, the last round's view stands."""
+        with trio.move_on_after(timeout):
+            try:
+                workers = await self.store.read_workers()
+            except StoreUnavailable as exc:
+                log.warning("drain: names successors from the last round's view: %s", exc)
+                return
+            self.tracker.observe(workers, self.now())
+            if self._snapshot is not None:
+                self._snapshot = attrs.evolve(self._snapshot, workers=workers)
+
     def _stop_grace(self) -> float:
         return handoff.stop_grace(self.config.supervisor.shutdown_timeout)
 
@@ -653,6 +671,7 @@ class Supervisor:
         budget = self.config.supervisor.shutdown_timeout
         self.notifier.notify(stopping=1, status=self._status_line())
         self.keeper.stop_all(LeaveReason.SHUTDOWN)
+        await self._observe_members(min(MEMBERS_READ_TIMEOUT, budget / 10))
         successors = self._successors(list(self.runners))
         for shard_id in list(self.runners):
             self._leave(

@@ -343,3 +343,26 @@ async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopp
         await trio.sleep(2 * HEARTBEAT + 0.1)  # the heartbeat sent at 4.0 lands at 4.5
         sup.request_shutdown()  # the drain ends (and retires us) well before 4.5
     assert [w.state for w in await h.store.read_workers()] == ["stopped"]
+
+
+async def test_a_drain_names_no_peer_that_retired_since_the_last_round(autojump_clock):
+    """A rolling deploy stops hosts one after another: w2 retires between w1's last round and
+    w1's SIGTERM. w1 reads the worker items again before naming successors, so it releases
+    plainly at once instead of asking w2 and waiting out handoff_timeout for no answer."""
+    h = Harness(shards=2)
+    w1 = h.supervisor("w1", h.store.peer())
+    w2 = h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        async with trio.open_nursery() as second:
+            await second.start(w2.run)
+            await trio.sleep(1.5)  # w1's round at t = 6 saw w2 running
+            assert w1.tracker.is_live_member("w2", trio.current_time())
+            w2.request_shutdown()
+        assert {s for s, (o, _) in (await h.owners()).items() if o == "w1"} == {"s0", "s1"}
+        drain_started = trio.current_time()
+        w1.request_shutdown()
+    assert trio.current_time() - drain_started < LeaseConfig().handoff_timeout
+    items = (await h.store.snapshot()).shards
+    assert [(s.owner, s.successor) for s in items] == [("", ""), ("", "")]
