@@ -65,6 +65,10 @@ class Harness:
             config or self.config, worker, store or self.store, spawn=spawn, now=trio.current_time
         )
 
+    def two(self) -> tuple[Supervisor, Supervisor]:
+        """w1 and w2, each with a store client of its own."""
+        return self.supervisor("w1", self.store.peer()), self.supervisor("w2", self.store.peer())
+
     async def owners(self) -> dict[str, tuple[str, int]]:
         return {s.id: (s.owner, s.epoch) for s in (await self.store.snapshot()).shards}
 
@@ -266,8 +270,7 @@ async def test_a_steady_round_reads_the_workers_and_vacant_shards_not_every_shar
 
 async def test_a_named_successor_takes_a_released_shard_within_one_poll(autojump_clock):
     h = Harness(shards=2)
-    w1 = h.supervisor("w1", h.store.peer())
-    w2 = h.supervisor("w2", h.store.peer())
+    w1, w2 = h.two()
     async with trio.open_nursery() as nursery:
         await nursery.start(w1.run)
         await trio.sleep(5.0)
@@ -350,8 +353,7 @@ async def test_a_drain_names_no_peer_that_retired_since_the_last_round(autojump_
     w1's SIGTERM. w1 reads the worker items again before naming successors, so it releases
     plainly at once instead of asking w2 and waiting out handoff_timeout for no answer."""
     h = Harness(shards=2)
-    w1 = h.supervisor("w1", h.store.peer())
-    w2 = h.supervisor("w2", h.store.peer())
+    w1, w2 = h.two()
     async with trio.open_nursery() as nursery:
         await nursery.start(w1.run)
         await trio.sleep(5.0)
