@@ -36,6 +36,21 @@ def rendezvous_rank(worker_id: str, shard_id: str) -> bytes:
     return hashlib.blake2b(f"{worker_id}\0{shard_id}".encode(), digest_size=8).digest()
 
 
+def _lost(held: Mapping[str, int], items: Mapping[str, ShardItem], me: str) -> tuple[str, ...]:
+    """Held shards the table shows with another owner, or at a later epoch. An item at an
+    earlier epoch than ours was read before our own take (takes run beside the round: the
+    hand-off poll, a make-before-break answer) and says nothing of the lease: epochs only grow,
+    and our conditional take wrote ours. Killing such a child (a standby just promoted, say)
+    would stop the writer the hand-off was for, and on a live-only feed lose what it held."""
+    return tuple(
+        sid
+        for sid, epoch in sorted(held.items())
+        if sid not in items
+        or items[sid].epoch > epoch
+        or (items[sid].epoch == epoch and items[sid].owner != me)
+    )
+
+
 def fair_targets(
     shard_count: int, live: Iterable[str], caps: Mapping[str, int] | None = None
 ) -> dict[str, int]:
@@ -96,11 +111,7 @@ def plan_round(
     items = {s.id: s for s in shards if s.id in wanted}
     for item in items.values():
         tracker.observe_owner(item.owner, now)
-    lost = tuple(
-        sid
-        for sid, epoch in sorted(held.items())
-        if sid not in items or items[sid].owner != me or items[sid].epoch != epoch
-    )
+    lost = _lost(held, items, me)
     if not accepting:
         return Plan(lost=lost)
     keeping = [sid for sid in held if sid not in lost]

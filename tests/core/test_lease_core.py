@@ -144,6 +144,15 @@ def test_a_held_shard_with_another_owner_or_epoch_is_lost():
     assert result.lost == ("s1", "s2")
 
 
+def test_an_item_read_before_our_own_take_is_not_a_lost_lease():
+    """A round's scan can predate a take made beside it (a hand-off answer, the hand-off
+    poll): the item then shows the epoch before ours. Only another owner at our epoch, or a
+    later epoch, is a loss."""
+    shards = [shard("s1", "", 3), shard("s2", "dead", 6), shard("s3", "", 4), shard("s4", "x", 5)]
+    result = plan("me", held={"s1": 4, "s2": 7, "s3": 4, "s4": 4}, shards=shards)
+    assert result.lost == ("s3", "s4")  # released at our epoch; taken after us
+
+
 def test_a_draining_worker_takes_nothing():
     assert plan("me", shards=[shard("s1")], accepting=False).take == ()
 
