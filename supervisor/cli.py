@@ -196,13 +196,13 @@ def _watch_status(config: Config, read) -> int:
 
     async def loop() -> None:
         while True:
-            started = trio.current_time()
+            started, read_at = trio.current_time(), time.localtime()
             try:
                 with trio.fail_after(10 * WATCH_INTERVAL):
                     table = render_table(fleet_status(await read(), config, time.time()))
             except (LeaseStoreError, trio.TooSlowError) as exc:
                 table = f"shardvisor: lease store: {exc or 'no answer within 10 s'}"
-            stamp = time.strftime("%H:%M:%S")
+            stamp = time.strftime("%H:%M:%S", read_at)  # when the read began: one a second
             header = f"shardvisor status --watch  table {config.dynamodb.table}  {stamp}"
             print(f"{_CLEAR}{header}\n\n{table}", flush=True)
             await trio.sleep_until(started + WATCH_INTERVAL)
