@@ -25,8 +25,10 @@ from supervisor.devtools.feed import FeedServer
 SHARDS = {"s1": ["s1-a", "s1-b"], "s2": ["s2-a"], "s3": ["s3-a"], "s4": ["s4-a"]}
 STREAMS = [s for streams in SHARDS.values() for s in streams]
 
-# Short leases keep the tests fast; the same code runs with production values.
-DURATION, HEARTBEAT, RECONCILE = 2.0, 0.5, 0.5
+# Short leases keep the tests fast; the same code runs with production values. 3 s, not 2:
+# the suite runs two pytest-xdist workers on two cores, and a heartbeat has duration / 2 to
+# reach a busy moto server (one request at a time) before the lease counts it failed.
+DURATION, HEARTBEAT, RECONCILE = 3.0, 0.5, 0.5
 SETTINGS: dict[str, dict[str, object]] = {
     "lease": {
         "duration": f"{DURATION}s",
