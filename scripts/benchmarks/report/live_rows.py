@@ -18,10 +18,12 @@ BEFORE = {  # issue 14's report, before make-before-break and standbys (same kin
 }
 STEPS = (  # where the writer gap goes: (label, from, to), the supervisors' logs (ms)
     ("old child's last write → its `stopped` logged", "old_last_write", "stopped"),
-    ("`stopped` → release written", "stopped", "released"),
-    ("release → successor's read sees it", "released", "seen"),
-    ("successor's read → its take written", "seen", "taken"),
-    ("take → promoted child's first write", "taken", "new_first_write"),
+    # A successor that adopts gets a hand-over (it owns the shard: no take) instead of a
+    # release (then it takes the shard): the same steps, one write fewer.
+    ("`stopped` → release (or hand-over) written", "stopped", "released"),
+    ("release (hand-over) → successor's read sees it", "released", "seen"),
+    ("successor's read → its take written (adopted: no write)", "seen", "taken"),
+    ("take (adoption) → promoted child's first write", "taken", "new_first_write"),
 )
 
 
