@@ -19,14 +19,17 @@ from typing import Any
 from supervisor.devtools.fleet import Fleet
 from supervisor.devtools.sink_audit import StreamAudit, Written
 
-# A hand-off's steps as the logs show them: (name, whose log, event prefix, whose epoch).
-STEPS = (
+# A hand-off's steps as the logs show them: (name, whose log, event prefix(es), whose epoch).
+# "released" and "seen": a release and the successor's take of it, or (a successor that
+# adopts) the hand-over and the successor's adoption; "taken" is the take's or the adoption's
+# "took shard" line.
+STEPS: tuple[tuple[str, str, str | tuple[str, ...], str | None], ...] = (
     ("request", "old", "handing off make-before-break", "old"),
     ("ready", "new", "standby ready for a hand-off", None),
     ("stop_sent", "old", "successor ", "old"),  # "successor N ready: stopping at the cut"
     ("stopped", "old", "stopped (", "old"),  # the child's own line
-    ("released", "old", "released at the child's stop", "old"),
-    ("seen", "new", "released to us: taking", "old"),
+    ("released", "old", ("released at the child's stop", "handed over at the child's stop"), "old"),
+    ("seen", "new", ("released to us: taking", "handed over to us: adopting"), None),
     ("taken", "new", "took shard", "new"),
 )
 Log = list[dict[str, Any]]
@@ -112,7 +115,7 @@ def _steps(shard: str, epochs: tuple[int, int], who: dict[str, str], logs: dict[
 
 def _first(
     log: Sequence[dict[str, Any]],
-    prefix: str,
+    prefix: str | tuple[str, ...],
     shard: str,
     epoch: int | None,
     after: float = 0.0,

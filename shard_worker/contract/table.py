@@ -61,6 +61,9 @@ ROSTER_WORKER, ROSTER_VACANT, ROSTER_HANDOFF = "worker", "vacant", "handoff"
 HANDOFF_REQUESTED, HANDOFF_READY = "requested", "ready"
 # `features`: this version answers make-before-break requests and runs standby children.
 FEATURE_MBB = "mbb"
+# `features`: this version adopts a shard its owner handed over to it in one write
+# (``hand_over``: owner := successor, epoch + 1) instead of taking it after a release.
+FEATURE_HANDOVER = "handover"
 # What every write that ends an owner's tenure also clears (release, take).
 HANDOFF_ATTRIBUTES = (HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT)
 

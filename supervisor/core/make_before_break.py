@@ -3,10 +3,12 @@ does with the shard item it reads, and how long each waits (docs/lease-protocol.
 
 The owner O asks its successor N (``request_handoff``); N gets a standby child connected to
 every stream and answers with the first sequence it holds per stream (``handoff_ready``); O
-stops its child at the cut (``min_cut``: one before N's first) and releases naming N; N takes
-the shard (epoch + 1) and promotes its standby child, which writes its buffer after the cut.
-Never two writers: O stopped and released before N's take. Whatever goes wrong, a side falls
-back to break-before-make, which is the protocol as it was before.
+stops its child at the cut (``min_cut``: one before N's first) and hands the lease over to N
+in one write (``hand_over``: N owns it at epoch + 1; to a successor without the ``handover``
+feature, O releases naming N and N takes it); N adopts it (``adoption``) and promotes its
+standby child, which writes its buffer after the cut. Never two writers: O's child stopped
+before the hand-over (or the release). Whatever goes wrong, a side falls back to
+break-before-make, which is the protocol as it was before.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from collections.abc import Collection, Iterable, Mapping
 import attrs
 
 from shard_worker.contract.pipe import StreamSpec
-from shard_worker.contract.table import FEATURE_MBB, HANDOFF_READY, HANDOFF_REQUESTED
+from shard_worker.contract.table import (
+    FEATURE_HANDOVER,
+    FEATURE_MBB,
+    HANDOFF_READY,
+    HANDOFF_REQUESTED,
+)
 from supervisor.core.items import ShardItem
 
 OWNER_POLL = 0.05  # the owner reads the item this often while it waits for the successor
@@ -49,10 +56,13 @@ class Fallback(enum.StrEnum):
 
 @attrs.frozen
 class HandoffPlan:
-    """``mode`` None: not a move to a peer (no successor, or handed back to ourselves)."""
+    """``mode`` None: not a move to a peer (no successor, or handed back to ourselves).
+    ``hand_over``: at the cut, the owner makes the successor owner in one write instead of
+    releasing (the successor advertises ``handover``: it adopts what it is handed)."""
 
     mode: Mode | None
     fallback: Fallback | None = None
+    hand_over: bool = False
 
 
 def plan_handoff(
@@ -76,7 +86,7 @@ def plan_handoff(
     )
     if why is not None:
         return HandoffPlan(Mode.BREAK_BEFORE_MAKE, why)
-    return HandoffPlan(Mode.MAKE_BEFORE_BREAK)
+    return HandoffPlan(Mode.MAKE_BEFORE_BREAK, hand_over=FEATURE_HANDOVER in successor_features)
 
 
 def _fallback(
@@ -132,7 +142,9 @@ def owner_sees(item: ShardItem | None, *, me: str, epoch: int, successor: str) -
 class SuccessorSees(enum.Enum):
     WAIT = "wait"  # the owner still runs it, our answer stands: read again
     TAKE = "take"  # released, naming us: take it (epoch + 1) and promote the standby
-    TAKEN = "taken"  # already ours (the hand-off poll or a round took it first)
+    # Ours at a later epoch: the owner handed it over to us (or a take here got it first):
+    # adopt it (``adoption``), no write.
+    HANDED_OVER = "handed over"
     GIVE_UP = "give up"  # cancelled, taken by another, or released to someone else
 
 
@@ -141,7 +153,7 @@ def successor_sees(item: ShardItem | None, *, me: str, epoch: int) -> SuccessorS
     if item is None:
         return SuccessorSees.GIVE_UP
     if item.owner == me and item.epoch > epoch:
-        return SuccessorSees.TAKEN
+        return SuccessorSees.HANDED_OVER
     if item.epoch != epoch:
         return SuccessorSees.GIVE_UP
     if not item.owner:
@@ -150,20 +162,46 @@ def successor_sees(item: ShardItem | None, *, me: str, epoch: int) -> SuccessorS
     return SuccessorSees.WAIT if asked else SuccessorSees.GIVE_UP
 
 
+class Adoption(enum.Enum):
+    """What the successor does with a shard handed over to it (owned by it already)."""
+
+    ADOPT = "adopt"  # run it at the item's epoch: promote the standby, or spawn from the item
+    RELEASE = "release"  # we stop taking, or may not run it: give it up at once (owner+epoch)
+    HELD = "held"  # a runner here, or a take in flight, has it: nothing to do
+    NOT_OURS = "not ours"  # someone else's by now: nothing to do
+
+
+def adoption(
+    item: ShardItem | None, *, me: str, held: bool, runnable: bool, accepting: bool
+) -> Adoption:
+    """The successor's answer to ``SuccessorSees.HANDED_OVER``. ``held``: a runner (or a take
+    in flight) here has the shard. A shard we may not run now is released at once rather than
+    left owned by us with no child (peers would wait for our lease to lapse)."""
+    if item is None or item.owner != me:
+        return Adoption.NOT_OURS
+    if held:
+        return Adoption.HELD
+    if not accepting or not runnable:
+        return Adoption.RELEASE
+    return Adoption.ADOPT
+
+
 def release_wait(stop_grace: float) -> float:
-    """How long a successor that answered waits for the release: the owner's stop (its
-    grace, then SIGTERM) and the release write."""
+    """How long a successor that answered waits for the release (or the hand-over): the
+    owner's stop (its grace, then SIGTERM) and that write."""
     return stop_grace + RELEASE_SLACK
 
 
 __all__ = [
     "OWNER_POLL",
     "SUCCESSOR_POLL",
+    "Adoption",
     "Fallback",
     "HandoffPlan",
     "Mode",
     "OwnerSees",
     "SuccessorSees",
+    "adoption",
     "min_cut",
     "owner_sees",
     "plan_handoff",

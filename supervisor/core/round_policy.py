@@ -110,8 +110,12 @@ def act_on_plan(
     )
 
 
+HANDOVER = "handover"  # the takes metric's label for a shard its owner handed over to us
+
+
 def take_source(expected_owner: str, me: str) -> str:
-    """The takes metric's label: from nobody, from a dead peer, or from our own earlier self."""
+    """The takes metric's label: from nobody, from a dead peer, or from our own earlier self
+    (a shard handed over to us, which we adopt without a take, is counted as ``HANDOVER``)."""
     if expected_owner == me:
         return "own"
     return "dead-owner" if expected_owner else "unowned"
@@ -147,6 +151,7 @@ def handoff_takes(
 
 
 __all__ = [
+    "HANDOVER",
     "RoundActions",
     "ScanSchedule",
     "accepting",

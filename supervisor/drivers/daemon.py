@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from shard_worker.contract.table import FEATURE_MBB
+from shard_worker.contract.table import FEATURE_HANDOVER, FEATURE_MBB
 from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import Response
 from supervisor.adapters.lease_store.base import (
@@ -41,11 +41,12 @@ from supervisor.config.shard_spec import decode_spec
 from supervisor.core import handoff, health, make_before_break, round_policy, shard_set
 from supervisor.core.handoff import LeaveReason
 from supervisor.core.health import SupervisorState
-from supervisor.core.items import Snapshot, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
+from supervisor.core.make_before_break import Adoption
 from supervisor.core.planner import plan_round
 from supervisor.core.runner_state import RunnerState
-from supervisor.drivers.handoff import ShardWatch
+from supervisor.drivers.handoff import TAKEN, ShardWatch
 from supervisor.drivers.reporting import Reporter
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
@@ -53,6 +54,7 @@ from supervisor.drivers.standbys import StandbyKeeper
 log = logging.getLogger("shardvisor.supervisor")
 
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
+RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 
 
 class Supervisor:
@@ -247,7 +249,7 @@ class Supervisor:
             pid=os.getpid(),
             max_shards=self.config.worker.max_shards,
             max_standbys=self.config.worker.max_standbys,
-            features=frozenset({FEATURE_MBB}),
+            features=frozenset({FEATURE_MBB, FEATURE_HANDOVER}),
         )
         await self.store.register_worker(item)
         self._registered_at = sent
@@ -505,16 +507,63 @@ class Supervisor:
         for request in answers:
             if self._accepting(self.now()):
                 self.keeper.answering.add(request.id)
-                self._nursery.start_soon(
-                    self.keeper.answer,
-                    request,
-                    self._runnable,
-                    self._take_handed_off,
-                    lambda: self._accepting(self.now()),
-                )
+                self._nursery.start_soon(self._answer, request)
+
+    async def _answer(self, request: HandoffRequest) -> None:
+        try:
+            ended = await self.keeper.answer(
+                request,
+                self._runnable,
+                self._take_handed_off,
+                self._adopt,
+                lambda: self._accepting(self.now()),
+            )
+        except StoreUnavailable as exc:  # its first read or its answer: the owner times out
+            log.warning("hand-off request not answered: %s", exc, extra={"shard": request.id})
+            ended = "store unavailable"
+        if ended != TAKEN:
+            # A hand-over this answer could not adopt (it never saw it, or its release at
+            # once failed) leaves the shard ours with no child: the next round reads the
+            # whole table and retakes it (epoch + 1) instead of waiting for a periodic scan.
+            self._scans.invalidate()
 
     async def _take_handed_off(self, shard_id: str, epoch: int) -> None:
         await self._take(shard_id, "", epoch)
+
+    async def _adopt(self, item: ShardItem, previous: str) -> bool:
+        """A shard its owner handed over to us (``make_before_break.adoption``): a take's
+        bookkeeping without the take's write, the owner made it. True: it runs here now."""
+        shard_id = item.id
+        verdict = make_before_break.adoption(
+            item,
+            me=self.worker_id,
+            held=shard_id in self.runners or shard_id in self._taking,
+            runnable=shard_id in self._runnable,
+            accepting=self._accepting(self.now()),
+        )
+        if verdict is Adoption.RELEASE:
+            await self._release_handed_over(item)
+        elif verdict is Adoption.ADOPT:
+            shard = self._runnable[shard_id]
+            await self._run_taken(shard, item, round_policy.HANDOVER, previous or "its owner")
+        return verdict in (Adoption.ADOPT, Adoption.HELD)
+
+    async def _release_handed_over(self, item: ShardItem) -> None:
+        """Handed over while we stop taking (or may no longer run it): give it up at once,
+        fenced on owner and epoch, so that it is not ours with no child until our lease
+        lapses. If this fails the next full scan finds it (``_answer``)."""
+        extra = {"shard": item.id, "epoch": item.epoch}
+        try:
+            with trio.fail_after(RELEASE_HANDED_OVER_TIMEOUT):
+                await self.store.release(item.id, self.worker_id, item.epoch, dict(item.checkpoint))
+        except LeaseConflict:
+            log.info("handed over to us but no longer ours: nothing to release", extra=extra)
+            return
+        except (StoreUnavailable, trio.TooSlowError) as exc:
+            log.warning("could not release a shard handed over to us: %s", exc, extra=extra)
+            return
+        self._scans.invalidate()
+        log.info("handed over to us while we stop taking: released at once", extra=extra)
 
     def _successors(self, shard_ids: Sequence[str]) -> dict[str, str]:
         snapshot = self._snapshot
@@ -565,12 +614,20 @@ class Supervisor:
             return
         finally:
             self._taking.discard(shard_id)
-        self._scans.invalidate()
         source = round_policy.take_source(expected_owner, self.worker_id)
-        self.metrics.takes.labels(source).inc()
         if source == "dead-owner":
             self._note_failover(shard_id, expected_owner)
-        previous = expected_owner or "nobody"
+        await self._run_taken(shard, item, source, expected_owner or "nobody")
+
+    async def _run_taken(
+        self, shard: ShardConfig, item: ShardItem, source: str, previous: str
+    ) -> None:
+        """What follows a shard becoming ours (a take, or a hand-over to us): counted, logged,
+        and run, by promoting our standby of it (no spawn, no connect) or by a fresh child
+        from the item's checkpoint. The caller checked that no runner here has it."""
+        shard_id = shard.id
+        self._scans.invalidate()
+        self.metrics.takes.labels(source).inc()
         log.info(
             "took shard from %s at epoch %d",
             previous,
@@ -664,6 +721,12 @@ class Supervisor:
     def _stop_grace(self) -> float:
         return handoff.stop_grace(self.config.supervisor.shutdown_timeout)
 
+    def _busy(self) -> bool:
+        """What the drain waits for: our runners, our standbys, and the hand-off requests we
+        answered (each bounded by its own wait): an owner that saw our answer may still hand
+        its shard over to us, and we release it at once rather than leave it ours."""
+        return bool(self.runners or self.keeper.runners or self.keeper.answering)
+
     async def _drain(self) -> None:
         self.state = SupervisorState.DRAINING
         started = self.now()
@@ -681,11 +744,11 @@ class Supervisor:
                 budget=handoff.drain_budget(budget),
             )
         with trio.move_on_after(handoff.drain_budget(budget)) as scope:
-            while self.runners or self.keeper.runners:
+            while self._busy():
                 left = budget - (self.now() - started)
                 self.notifier.notify(extend_timeout_usec=int(max(left, 1.0) * 1e6))
                 with trio.move_on_after(1.0):
-                    while self.runners or self.keeper.runners:
+                    while self._busy():
                         await trio.sleep(0.02)
         if scope.cancelled_caught:
             log.error("drain overran shutdown_timeout; %d shards left", len(self.runners))

@@ -1,7 +1,8 @@
 """Both halves of the make-before-break handshake, as trio loops over the lease store.
 
 The owner asks and waits for its successor's standby (``await_successor``); the successor
-gets a standby ready, answers, and takes the shard once it is released (``Answer``). Both
+gets a standby ready, answers, and adopts the shard once it is handed over to it (or takes
+it once it is released, from an owner of an older version) (``Answer``). Both
 read the shard item through the supervisor's ``ShardWatch``: one consistent batch read per
 tick for every hand-off under way, so a drain of fifty shards polls with one request, not
 fifty (and leaves the store client's threads to the heartbeat).
@@ -41,6 +42,7 @@ log = logging.getLogger("shardvisor.handoff")
 Read = Callable[[str], Awaitable[ShardItem | None]]  # a shard item, consistent (None: none)
 
 CANCEL_TIMEOUT = 2.0  # the owner's cancel write, after a timeout: best effort
+LAST_LOOK_TIMEOUT = 2.0  # the successor's last read once its wait for the release ran out
 TAKEN = "taken"  # how an answer ends when the shard is ours (or being taken here)
 
 
@@ -164,11 +166,16 @@ async def _withdraw(store: LeaseStore, shard: str, me: str, epoch: int) -> None:
 # --- the successor ----------------------------------------------------------------------
 
 
+Adopt = Callable[[ShardItem, str], Awaitable[bool]]  # (item handed over, previous owner)
+
+
 @attrs.define
 class Answer:
     """The successor's part, for one request. ``standby`` gives the standby runner's ready
     event and first sequences once it has one (starting it if needed); ``take`` takes the
-    released shard (and promotes the standby); ``accepting`` says whether we still take."""
+    released shard (and promotes the standby); ``adopt`` runs a shard handed over to us
+    (True: it runs here now; False: released, or not ours); ``accepting`` says whether we
+    still take."""
 
     store: LeaseStore
     read: Read  # the supervisor's ShardWatch
@@ -181,6 +188,7 @@ class Answer:
         self,
         standby_ready: Callable[[ShardItem], Awaitable[dict[str, int] | None]],
         take: Callable[[str, int], Awaitable[None]],
+        adopt: Adopt,
         accepting: Callable[[], bool],
     ) -> str:
         """The handshake; returns how it ended (for the log): ``TAKEN`` once the shard is ours
@@ -190,6 +198,7 @@ class Answer:
         if successor_sees(item, me=self.me, epoch=epoch) is not SuccessorSees.WAIT:
             return "no longer asked"
         assert item is not None
+        owner = item.owner
         first = None
         with trio.move_on_after(self.ready_within):
             first = await standby_ready(item)
@@ -201,11 +210,15 @@ class Answer:
             return "the owner withdrew the request"
         log.info("standby ready for a hand-off", extra={"shard": shard, "first_seq": first})
         with trio.move_on_after(self.release_within):
-            return await self._take_when_released(take, accepting)
-        return f"not released within {self.release_within:g}s"
+            return await self._take_when_released(take, adopt, accepting, owner)
+        return await self._last_look(adopt, owner)
 
     async def _take_when_released(
-        self, take: Callable[[str, int], Awaitable[None]], accepting: Callable[[], bool]
+        self,
+        take: Callable[[str, int], Awaitable[None]],
+        adopt: Adopt,
+        accepting: Callable[[], bool],
+        owner: str,
     ) -> str:
         shard, epoch = self.request.id, self.request.epoch
         while True:  # each read waits for the watch's next batch (every SUCCESSOR_POLL)
@@ -222,10 +235,32 @@ class Answer:
                     log.info("released to us: taking", extra={"shard": shard, "epoch": epoch})
                     await take(shard, epoch)
                     return TAKEN
-                if seen is SuccessorSees.TAKEN:
-                    return TAKEN
+                if seen is SuccessorSees.HANDED_OVER:
+                    assert item is not None
+                    return await self._adopt(adopt, item, owner)
                 if seen is SuccessorSees.GIVE_UP:
                     return "withdrawn or taken by another"
+
+    async def _adopt(self, adopt: Adopt, item: ShardItem, owner: str) -> str:
+        log.info("handed over to us: adopting", extra={"shard": item.id, "epoch": item.epoch})
+        return TAKEN if await adopt(item, owner) else "handed over to us, released at once"
+
+    async def _last_look(self, adopt: Adopt, owner: str) -> str:
+        """The wait ran out. A hand-over we did not see (the reads failed) must not leave the
+        shard ours with no child: one more read (the supervisor's next full scan is the
+        backstop when this one fails too)."""
+        shard, epoch = self.request.id, self.request.epoch
+        item = None
+        with trio.move_on_after(LAST_LOOK_TIMEOUT):
+            try:
+                item = await self.store.read_shard(shard)
+            except StoreUnavailable as exc:
+                log.warning("last read after the wait failed: %s", exc, extra={"shard": shard})
+        if item is not None and successor_sees(item, me=self.me, epoch=epoch) is (
+            SuccessorSees.HANDED_OVER
+        ):
+            return await self._adopt(adopt, item, owner)
+        return f"not released within {self.release_within:g}s"
 
 
 __all__ = ["TAKEN", "Answer", "OwnerOutcome", "ShardWatch", "await_successor"]

@@ -22,7 +22,7 @@ import math
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -99,6 +99,7 @@ class ShardRunner:
     _stop: StopRequest | None = None
     _min_cut: dict[str, int] = attrs.field(factory=dict)  # the stop's, after a hand-off
     _mode: Mode | None = None  # how the shard leaves for a peer, once decided
+    _hand_over: bool = False  # the plan's: at the cut, hand the lease over instead of releasing
     _child: ChildHandle | None = None
     _child_started: bool = False  # start sent: fences may follow (never before start)
     _stored: dict[str, int] = attrs.field(factory=dict)  # last checkpoint the table accepted
@@ -211,6 +212,7 @@ class ShardRunner:
             return
         self._stop = request
         if mbb:
+            self._hand_over = plan.hand_over
             log.info(
                 "handing off make-before-break to %s: waiting for its standby",
                 successor,
@@ -386,17 +388,23 @@ class ShardRunner:
         """Release as soon as the child reports ``stopped``: it sends that after its last
         write and its sink's close, so its exit (interpreter teardown: tens of ms, more on a
         busy host) need not delay the successor's take. The final checkpoint is the child's
-        cut. A release that fails here is tried again by ``_finish``."""
+        cut. After a make-before-break wait whose successor adopts hand-overs, the lease is
+        handed over instead (one write: the successor owns it, no take). A release that
+        fails here is tried again by ``_finish``."""
         stop = self._stop
         if stop is None or self.is_standby or self.state is RunnerState.LOST:
             return
-        written = False
+        written, how = False, "released"
         with trio.move_on_after(RELEASE_TIMEOUT):
-            written = await self._release_lease(False, stop.successor)
+            if self._mode is Mode.MAKE_BEFORE_BREAK and self._hand_over:
+                written, how = await self._hand_over_lease(stop.successor), "handed over"
+            if not written:  # refused: the item is not as the hand-off left it
+                written, how = await self._release_lease(False, stop.successor), "released"
             self._released = True
         if written:
             log.info(
-                "released at the child's stop (successor %s)",
+                "%s at the child's stop (successor %s)",
+                how,
                 stop.successor or "any",
                 extra=self._extra(checkpoint=self.checkpoint),
             )
@@ -411,22 +419,44 @@ class ShardRunner:
 
     async def _release_lease(self, quarantined: bool, successor: str) -> bool:
         """True once the release is written; False: refused (no longer ours)."""
+        return await self._final_write(
+            "release",
+            lambda: self.ctx.store.release(
+                self.shard_id,
+                self.ctx.worker_id,
+                self.epoch,
+                self.checkpoint,
+                state="quarantined" if quarantined else "released",
+                successor=successor,
+            ),
+        )
+
+    async def _hand_over_lease(self, successor: str) -> bool:
+        """True once ``successor`` owns the shard (epoch + 1, the cut as its checkpoint);
+        False: refused (not ours, or the successor's answer is gone: release instead)."""
+        return await self._final_write(
+            "hand-over",
+            lambda: self.ctx.store.hand_over(
+                self.shard_id,
+                self.ctx.worker_id,
+                self.epoch,
+                successor,
+                self.checkpoint,
+                self.ctx.wall(),
+            ),
+        )
+
+    async def _final_write(self, what: str, write: Callable[[], Awaitable[object]]) -> bool:
+        """Retried while the store is unavailable (the caller bounds it); False: refused."""
         while True:
             try:
-                await self.ctx.store.release(
-                    self.shard_id,
-                    self.ctx.worker_id,
-                    self.epoch,
-                    self.checkpoint,
-                    state="quarantined" if quarantined else "released",
-                    successor=successor,
-                )
+                await write()
                 return True
             except LeaseConflict:
-                log.warning("release refused: no longer the owner", extra=self._extra())
+                log.warning("%s refused: not as we left it", what, extra=self._extra())
                 return False
             except StoreUnavailable as exc:
-                log.warning("release failed, retrying: %s", exc, extra=self._extra())
+                log.warning("%s failed, retrying: %s", what, exc, extra=self._extra())
                 await trio.sleep(0.2)
 
     async def _run_child_once(self) -> int | None:

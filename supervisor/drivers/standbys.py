@@ -30,7 +30,7 @@ from supervisor.core.standby import (
     place_standbys,
     standby_priority,
 )
-from supervisor.drivers.handoff import TAKEN, Answer
+from supervisor.drivers.handoff import TAKEN, Adopt, Answer
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 
 log = logging.getLogger("shardvisor.standby")
@@ -207,10 +207,12 @@ class StandbyKeeper:
         request: HandoffRequest,
         runnable: Mapping[str, ShardConfig],
         take: Callable[[str, int], Awaitable[None]],
+        adopt: Adopt,
         accepting: Callable[[], bool],
-    ) -> None:
+    ) -> str:
         """The successor's side of one request: our standby (started if we run none), then
-        ``handoff_ready``, then the take once the owner released (``handoff.Answer``)."""
+        ``handoff_ready``, then the adoption once the owner handed the shard over (or the take
+        once it released it) (``handoff.Answer``). Returns how it ended (``TAKEN``: ours)."""
         shard_id = request.id
         self.answering.add(shard_id)
         cfg = self.ctx.config
@@ -234,13 +236,14 @@ class StandbyKeeper:
 
         ended = "cancelled"
         try:
-            ended = await answer.run(standby_ready, take, accepting)
+            ended = await answer.run(standby_ready, take, adopt, accepting)
         finally:
             self.answering.discard(shard_id)
             # A take (ours, or the hand-off poll's in flight) promotes the standby or stops it.
             if ended != TAKEN and shard_id not in self.placement.mine(self.ctx.worker_id):
                 self.stop([shard_id], NOT_PLACED)
         log.info("hand-off request answered: %s", ended, extra={"shard": shard_id})
+        return ended
 
     # --- what others read -----------------------------------------------------------------
 

@@ -569,6 +569,53 @@ async def test_the_release_and_the_take_end_a_hand_off(store: LeaseStore) -> Non
     assert await store.handoff_requests() == ()
 
 
+async def test_hand_over_makes_the_ready_successor_owner_in_one_write(store: LeaseStore) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.publish_streams("a", "w1", 1, ("x",), {"x": {"eof": 2}})
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    await store.handoff_ready("a", 1, "w2", {"x": 5})
+    written = await store.hand_over("a", "w1", 1, "w2", {"x": 4}, 3.0)
+    item = await store.read_shard("a")
+    assert written == item
+    assert (item.owner, item.epoch, item.checkpoint, item.owner_since) == ("w2", 2, {"x": 4}, 3.0)
+    assert (item.successor, item.handoff_stage, item.handoff_first) == ("", "", {})
+    assert (item.state, item.stale, item.reconnects) == ("running", (), {})
+    assert await store.handoff_requests() == ()
+    assert await store.vacant_shards() == ()  # never vacant: nobody else may take it
+    await store.checkpoint("a", "w2", 2, {"x": 6})  # the new owner's fence holds
+    with pytest.raises(LeaseConflict):
+        await store.checkpoint("a", "w1", 1, {"x": 7})  # the old owner's does not
+
+
+async def test_hand_over_needs_the_owner_its_epoch_the_successor_and_ready(
+    store: LeaseStore,
+) -> None:
+    await store.ensure_shard("a")
+    await store.take("a", "w1", "", 0, 1.0)
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 1, "w2", {"x": 4}, 2.0)  # nothing requested
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 1, "w2", {"x": 4}, 2.0)  # requested, not ready
+    await store.handoff_ready("a", 1, "w2", {"x": 5})
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w3", 1, "w2", {"x": 4}, 2.0)  # not the owner
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 2, "w2", {"x": 4}, 2.0)  # not its epoch
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 1, "w3", {"x": 4}, 2.0)  # not the one that answered
+    item = await store.read_shard("a")
+    assert (item.owner, item.epoch, item.handoff_stage) == ("w1", 1, "ready")
+    await store.cancel_handoff("a", "w1", 1)
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 1, "w2", {"x": 4}, 2.0)  # withdrawn
+    await store.release("a", "w1", 1, {"x": 4}, successor="w2")
+    with pytest.raises(LeaseConflict):
+        await store.hand_over("a", "w1", 1, "w2", {"x": 4}, 2.0)  # released already
+    assert (await store.read_shard("a")).owner == ""
+
+
 async def test_read_shards_reads_many_at_once_and_leaves_out_the_missing(store: LeaseStore) -> None:
     for shard_id in ("a", "b", "c"):
         await store.ensure_shard(shard_id)

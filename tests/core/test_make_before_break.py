@@ -8,11 +8,13 @@ import pytest
 from shard_worker.contract.pipe import StreamSpec
 from supervisor.core.items import ShardItem
 from supervisor.core.make_before_break import (
+    Adoption,
     Fallback,
     HandoffPlan,
     Mode,
     OwnerSees,
     SuccessorSees,
+    adoption,
     min_cut,
     owner_sees,
     plan_handoff,
@@ -43,6 +45,15 @@ def decide(**changes) -> HandoffPlan:
 def test_a_move_of_a_sequenced_shard_to_a_capable_peer_is_make_before_break():
     assert decide() == HandoffPlan(Mode.MAKE_BEFORE_BREAK, None)
     assert decide(budget=15.0) == HandoffPlan(Mode.MAKE_BEFORE_BREAK, None)  # exactly enough
+
+
+def test_the_owner_hands_the_lease_over_only_to_a_successor_that_adopts():
+    """A successor of an older version never adopts: it gets the release it knows."""
+    both = frozenset({"mbb", "handover"})
+    assert decide(successor_features=both) == HandoffPlan(Mode.MAKE_BEFORE_BREAK, hand_over=True)
+    assert decide(successor_features=MBB).hand_over is False
+    assert decide(successor_features=both, fast=True).hand_over is False  # break-before-make
+    assert decide(successor="", successor_features=both).hand_over is False
 
 
 def test_no_peer_is_no_hand_off_at_all():
@@ -120,13 +131,29 @@ def test_what_the_successor_makes_of_the_item():
     assert sees(item()) is SuccessorSees.WAIT
     assert sees(item(stage="ready")) is SuccessorSees.WAIT
     assert sees(item(owner="", stage="")) is SuccessorSees.TAKE  # released naming us
-    assert sees(item(owner="w2", epoch=4, successor="")) is SuccessorSees.TAKEN
+    assert sees(item(owner="w2", epoch=4, successor="")) is SuccessorSees.HANDED_OVER
     assert sees(item(owner="", successor="w9", stage="")) is SuccessorSees.GIVE_UP
     assert sees(item(owner="", successor="", stage="")) is SuccessorSees.GIVE_UP
     assert sees(item(successor="", stage="")) is SuccessorSees.GIVE_UP  # cancelled
     assert sees(item(owner="w9", epoch=4, successor="")) is SuccessorSees.GIVE_UP
     assert sees(item(owner="", epoch=4, successor="w2")) is SuccessorSees.GIVE_UP
     assert sees(None) is SuccessorSees.GIVE_UP
+
+
+def test_what_the_successor_does_with_a_shard_handed_over_to_it():
+    mine = item(owner="w2", epoch=4, successor="", stage="")
+
+    def adopt(shard=mine, **changes):
+        kw = {"me": "w2", "held": False, "runnable": True, "accepting": True, **changes}
+        return adoption(shard, **kw)
+
+    assert adopt() is Adoption.ADOPT
+    assert adopt(held=True) is Adoption.HELD  # a take here (poll, round) got it first
+    assert adopt(accepting=False) is Adoption.RELEASE  # stopping or drained: give it up now
+    assert adopt(runnable=False) is Adoption.RELEASE  # removed from our config meanwhile
+    assert adopt(held=True, accepting=False) is Adoption.HELD  # its runner releases it
+    assert adopt(item(owner="w9", epoch=5, successor="")) is Adoption.NOT_OURS
+    assert adopt(None) is Adoption.NOT_OURS
 
 
 def test_the_successor_waits_for_the_owners_stop_and_release():

@@ -9,6 +9,7 @@ from helpers.fake_runner import FakeRunner as Runner
 from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.round_policy import (
+    HANDOVER,
     RoundActions,
     ScanSchedule,
     accepting,
@@ -157,8 +158,9 @@ def test_the_hand_off_requests_a_worker_answers():
 
 
 def test_a_promotion_is_a_failover_only_for_a_dead_owners_shard():
-    assert [promotion_kind(s) for s in ("dead-owner", "unowned", "own")] == [
+    assert [promotion_kind(s) for s in ("dead-owner", "unowned", "own", HANDOVER)] == [
         "failover",
+        "handoff",
         "handoff",
         "handoff",
     ]

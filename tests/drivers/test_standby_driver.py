@@ -17,6 +17,8 @@ from helpers.fake_child import FakeChild, Write
 
 from shard_worker.contract import pipe as p
 from shard_worker.contract.pipe import StreamSpec
+from shard_worker.contract.table import FEATURE_MBB
+from supervisor.adapters.lease_store.base import StoreUnavailable
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
 from supervisor.config.model import (
     Config,
@@ -25,8 +27,11 @@ from supervisor.config.model import (
     StandbyConfig,
     SupervisorConfig,
 )
+from supervisor.core.items import HandoffRequest, ShardItem
+from supervisor.core.make_before_break import release_wait
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.daemon import Supervisor
+from supervisor.drivers.handoff import Answer
 
 DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
 RATE = 100  # messages per second on each modelled feed
@@ -148,6 +153,133 @@ async def test_sigterm_hands_off_make_before_break_without_loss_or_duplicates(au
     assert all(not c.gaps for c in h.children["w2"])
 
 
+async def test_the_owner_hands_the_lease_over_and_the_successor_adopts_it_without_a_take(
+    autojump_clock,
+):
+    """At the cut the owner makes the successor owner (epoch + 1) in one write; the successor
+    sees itself owner and promotes its standby: no release, no take, nothing lost."""
+    h = Harness(config(shards=2))
+    w2_store = h.store.peer()
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery, w2_store)
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        await trio.sleep(3.0)
+        assert sorted(w2.runners) == ["s0", "s1"]
+        nursery.cancel_scope.cancel()
+    assert w2_store.request_counts["take"] == 0
+    assert h.store.request_counts["hand_over"] == 2 and h.store.request_counts["release"] == 0
+    assert metric(w2, "shardvisor_epoch_changes_total", source="handover") == 2
+    assert metric(w2, "shardvisor_promotions_total", kind="handoff") == 2
+    assert sorted(m.epoch for m in h.sent("w2", p.Promote)) == [2, 2]
+    for shard in ("s0", "s1"):
+        assert continuity(h.writes, shard) == ([], []), shard
+
+
+async def test_a_successor_without_the_handover_feature_gets_a_release_and_takes(
+    autojump_clock,
+):
+    """Rolling deploys mix versions: an older successor never adopts, so it gets the
+    release it knows, and takes."""
+    h = Harness(config(shards=1))
+    w2_store = h.store.peer()
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery, w2_store, frozenset({FEATURE_MBB}))
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        nursery.cancel_scope.cancel()
+    assert h.store.request_counts["hand_over"] == 0 and h.store.request_counts["release"] == 1
+    assert w2_store.request_counts["take"] == 1
+    assert metric(w2, "shardvisor_epoch_changes_total", source="unowned") == 1
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
+    assert continuity(h.writes, "s0") == ([], [])
+
+
+async def test_a_shard_handed_over_to_a_successor_that_stops_taking_is_released_at_once(
+    autojump_clock,
+):
+    """The successor answered, then got its SIGTERM before the hand-over landed: it must not
+    sit on a shard it will never run until its lease lapses. It releases it, fenced."""
+    h = Harness(config(shards=1))
+    w2_store = h.store.peer()
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery, w2_store)
+        after_ready(w2_store, w2.request_shutdown)
+        w1.request_shutdown()
+        await wait_for(lambda: _released_at(h, "s0", 2))
+        nursery.cancel_scope.cancel()
+    assert h.store.request_counts["hand_over"] == 1
+    assert metric(w2, "shardvisor_epoch_changes_total", source="handover") == 0
+    assert h.sent("w2", p.Promote) == []
+
+
+async def test_a_hand_over_the_successor_did_not_see_is_not_left_without_a_child(
+    autojump_clock,
+):
+    """The successor's polls fail throughout the hand-off's wait, so it never sees the shard
+    handed over: by the end of that wait, or a round after it, it runs it (adopted by the
+    wait's last read, or retaken by a round that read the whole table)."""
+    h = Harness(config(shards=1))
+    w2_store = h.store.peer()
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery, w2_store)
+
+        def fail_polls() -> None:
+            for _ in range(10_000):  # every poll of the wait (each 20 ms)
+                w2_store.fail_next("read_shards", StoreUnavailable("injected"))
+
+        after_ready(w2_store, fail_polls)
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        handed = trio.current_time()
+        assert w2.runners == {}  # not seen
+        await wait_for(lambda: _runs(w2, "s0"))
+        adopted = trio.current_time() - handed
+        await trio.sleep(RECONCILE)
+        assert (await h.owners())["s0"][0] == "w2" and "s0" in w2.runners
+        nursery.cancel_scope.cancel()
+    wait = release_wait(max(0.25, h.config.supervisor.shutdown_timeout / 2))
+    assert adopted <= wait + RECONCILE + 1.0
+
+
+@pytest.mark.parametrize("last_read_fails", [False, True])
+async def test_an_answer_whose_polls_failed_looks_once_more_before_it_gives_up(
+    autojump_clock, last_read_fails
+):
+    store = MemoryLeaseStore(table_exists=True)
+    await store.ensure_shard("s0")
+    await store.take("s0", "w1", "", 0, 1.0)
+    await store.request_handoff("s0", "w1", 1, "w2", 2.0)
+    adopted: list[tuple[ShardItem, str]] = []
+
+    async def failing_read(shard: str) -> ShardItem | None:
+        await trio.sleep(0.02)
+        raise StoreUnavailable("injected")
+
+    async def ready(item: ShardItem) -> dict[str, int]:
+        return {"s0": 5}
+
+    async def take(shard: str, epoch: int) -> None:
+        raise AssertionError("handed over, never released")
+
+    async def adopt(item: ShardItem, previous: str) -> bool:
+        adopted.append((item, previous))
+        return True
+
+    answer = Answer(store, failing_read, "w2", HandoffRequest("s0", 1, "w2"), 5.0, 3.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer.run, ready, take, adopt, lambda: True)
+        await wait_for(lambda: _stage_is(store, "s0", "ready"), step=0.001)
+        await store.hand_over("s0", "w1", 1, "w2", {"s0": 4}, 3.0)
+        if last_read_fails:
+            store.fail_next("read_shard", StoreUnavailable("injected"))
+    if last_read_fails:
+        assert adopted == []  # the supervisor's next full scan finds it (the test above)
+    else:
+        [(item, previous)] = adopted
+        assert (item.owner, item.epoch, item.checkpoint, previous) == ("w2", 2, {"s0": 4}, "w1")
+
+
 async def test_the_owner_releases_on_its_childs_stopped_not_on_its_exit(autojump_clock):
     """A child reports ``stopped`` after its last write and its sink's close; its exit
     (interpreter teardown) may take a while on a busy host: the successor's take, and so the
@@ -159,12 +291,21 @@ async def test_the_owner_releases_on_its_childs_stopped_not_on_its_exit(autojump
     assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
 
 
-async def owner_then_peer(h: Harness, nursery: trio.Nursery) -> tuple[Supervisor, Supervisor]:
-    """w1 takes every shard, then w2 joins (the successor of w1's hand-offs)."""
-    w1, w2 = h.supervisor("w1"), h.supervisor("w2", h.store.peer())
+async def owner_then_peer(
+    h: Harness,
+    nursery: trio.Nursery,
+    w2_store: MemoryLeaseStore | None = None,
+    w2_features: frozenset[str] | None = None,
+) -> tuple[Supervisor, Supervisor]:
+    """w1 takes every shard, then w2 joins (the successor of w1's hand-offs); ``w2_features``
+    replaces what w2 advertises (an older version's)."""
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", w2_store or h.store.peer())
     await nursery.start(w1.run)
     await trio.sleep(5.0)
     await nursery.start(w2.run)
+    if w2_features is not None:
+        workers = h.store._table.workers
+        workers["w2"] = attrs.evolve(workers["w2"], features=w2_features)
     await trio.sleep(3.0)
     return w1, w2
 
@@ -388,6 +529,31 @@ async def test_a_shard_removed_at_a_reload_moves_make_before_break(autojump_cloc
     assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
     assert metric(w1, "shardvisor_handoffs_total", mode="break_before_make") == 0  # not to a peer
     assert continuity(h.writes, "s1") == ([], [])
+
+
+async def _runs(sup: Supervisor, shard: str) -> bool:
+    return shard in sup.runners
+
+
+async def _stage_is(store: MemoryLeaseStore, shard: str, stage: str) -> bool:
+    item = await store.read_shard(shard)
+    return item is not None and item.handoff_stage == stage
+
+
+def after_ready(store: MemoryLeaseStore, then) -> None:
+    """Call ``then()`` right after the successor's ``handoff_ready`` write lands."""
+    write = store.handoff_ready
+
+    async def ready_then(*args) -> None:
+        await write(*args)
+        then()
+
+    store.handoff_ready = ready_then  # type: ignore[method-assign]
+
+
+async def _released_at(h: Harness, shard: str, epoch: int) -> bool:
+    item = await h.store.read_shard(shard)
+    return item is not None and (item.owner, item.epoch, item.state) == ("", epoch, "released")
 
 
 async def _owned_epoch(h: Harness, shard: str, owner: str, epoch: int) -> bool:

@@ -106,6 +106,20 @@ async def wait_split(fleet: Fleet, workers: Sequence[str], timeout: float = 25) 
             await trio.sleep(0.1)
 
 
+async def wait_taking(fleet: Fleet, worker: str, timeout: float = 10) -> None:
+    """``worker``'s item says it takes shards again (its first heartbeat after an undrain),
+    and its peers have had a round to read that: they pick successors among takers only, and
+    the rebalance's hand-offs to it may end before they read it (then a SIGTERM has no
+    successor and moves break-before-make)."""
+    with trio.fail_after(timeout):
+        while True:
+            item = next(w for w in (await fleet.snapshot()).workers if w.id == worker)
+            if item.state == "running":
+                break
+            await trio.sleep(0.1)
+    await trio.sleep(RECONCILE)
+
+
 async def catch_up(fleet: Fleet, streams: Iterable[str]) -> None:
     for stream in streams:
         await fleet.wait_written(stream, fleet.feed.last_seq(stream) - 20, timeout=10)
@@ -163,6 +177,7 @@ async def test_every_graceful_move_is_make_before_break_and_loses_nothing(live_f
         await wait_owner(fleet, SHARDS, "w1", RECONCILE * 2 + 5)
         assert await cli(fleet, "drain", "w2", "--undo") == 0
         await wait_split(fleet, ["w1", "w2"])  # rebalance again, once w1's shards dwelt
+        await wait_taking(fleet, "w2")  # else w1's drain has no successor: break-before-make
         await catch_up(fleet, STREAMS)
         fleet.kill("w1", signal.SIGTERM)
         assert await fleet.procs["w1"].wait() == 0

@@ -18,10 +18,12 @@ BEFORE = {  # issue 14's report, before make-before-break and standbys (same kin
 }
 STEPS = (  # where the writer gap goes: (label, from, to), the supervisors' logs (ms)
     ("old child's last write → its `stopped` logged", "old_last_write", "stopped"),
-    ("`stopped` → release written", "stopped", "released"),
-    ("release → successor's read sees it", "released", "seen"),
-    ("successor's read → its take written", "seen", "taken"),
-    ("take → promoted child's first write", "taken", "new_first_write"),
+    # A successor that adopts gets a hand-over (it owns the shard: no take) instead of a
+    # release (then it takes the shard): the same steps, one write fewer.
+    ("`stopped` → release (or hand-over) written", "stopped", "released"),
+    ("release (hand-over) → successor's read sees it", "released", "seen"),
+    ("successor's read → its take written (adopted: no write)", "seen", "taken"),
+    ("take (adoption) → promoted child's first write", "taken", "new_first_write"),
 )
 
 
@@ -173,12 +175,14 @@ def _gap_section(fleets: list[dict[str, Any]]) -> tuple[str, list[SummaryRow]]:
     header = ("server", "hand-offs", "p50", "p99", "max", "lost", "duplicates", "target")
     out.append(table(header, rows, align="->>>>>>-"))
     out.append(
-        "\nWhere it goes (supervisors' JSON logs, ms resolution; p50 · p99). The old owner "
-        "releases on its child's `stopped` (sent after its last write and its sink's close), "
-        "not on its exit; the successor reads the shard item every 20 ms while it waits and "
-        "promotes on its take's response. What remains is the child's stop, then three "
-        "DynamoDB requests one after another (release, read, take), on a machine that also "
-        "runs both fleets' children, the feeds and the servers:\n"
+        "\nWhere it goes (supervisors' JSON logs, ms resolution; p50 · p99). On its child's "
+        "`stopped` (sent after its last write and its sink's close, not on its exit) the old "
+        "owner hands the lease over to its successor in one write (a successor of an older "
+        "version gets a release and takes); the successor reads the shard item every 20 ms "
+        "while it waits, sees itself owner and promotes its standby with no write of its own. "
+        "What remains is the child's stop, then two DynamoDB requests one after another "
+        "(hand-over, read), on a machine that also runs both fleets' children, the feeds and "
+        "the servers:\n"
     )
     step_rows = []
     for label, start, end in STEPS:

@@ -147,6 +147,21 @@ class LeaseStore(Protocol):
         LeaseConflict unless the shard is owned at ``epoch``, names us, and is ``requested``
         (the owner cancelled, or someone else took it)."""
 
+    async def hand_over(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        successor: str,
+        checkpoint: dict[str, int],
+        wall_now: float,
+    ) -> ShardItem:
+        """The owner's last write once its child stopped at the cut: ``successor`` owns the
+        shard at ``epoch + 1`` with ``checkpoint`` (the cut), the hand-off's fields gone. One
+        write instead of a release and the successor's take. LeaseConflict unless the item is
+        owned by ``me`` at ``epoch``, names ``successor`` and its stage is ``ready``.
+        Returns the item as written."""
+
     async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
         """Withdraw our request (the successor was not ready in time): successor, stage and
         the index entry go. Fenced on owner and epoch."""

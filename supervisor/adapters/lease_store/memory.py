@@ -46,6 +46,7 @@ OPERATIONS = frozenset(
         "mark_orphaned",
         "request_handoff",
         "handoff_ready",
+        "hand_over",
         "cancel_handoff",
         "read_shard",
         "read_shards",
@@ -270,22 +271,7 @@ class MemoryLeaseStore:
             raise LeaseConflict(
                 f"take {shard_id}: not owned by {expected_owner!r}@{expected_epoch}"
             )
-        new = attrs.evolve(
-            old,
-            owner=me,
-            epoch=expected_epoch + 1,
-            owner_since=wall_now,
-            state="running",
-            release_requested=0.0,
-            successor="",
-            stale=(),
-            reconnects={},
-            handoff_stage="",
-            handoff_first={},
-        )
-        table.shards[shard_id] = new
-        table.handoffs.discard(shard_id)
-        return _copy(new)
+        return _new_owner(table, old, me, old.checkpoint, wall_now)
 
     async def checkpoint(
         self, shard_id: str, me: str, epoch: int, checkpoint: dict[str, int]
@@ -360,6 +346,21 @@ class MemoryLeaseStore:
             old, handoff_stage=HANDOFF_READY, handoff_first=dict(first_seq)
         )
 
+    async def hand_over(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        successor: str,
+        checkpoint: dict[str, int],
+        wall_now: float,
+    ) -> ShardItem:
+        table = await self._enter("hand_over")
+        old = _owned(table, shard_id, me, epoch)
+        if not successor or old.successor != successor or old.handoff_stage != HANDOFF_READY:
+            raise LeaseConflict(f"hand_over {shard_id}: {successor!r} is not ready at {epoch}")
+        return _new_owner(table, old, successor, checkpoint, wall_now)
+
     async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
         table = await self._enter("cancel_handoff")
         old = _owned(table, shard_id, me, epoch)
@@ -390,6 +391,30 @@ def _owned(table: _Table, shard_id: str, me: str, epoch: int) -> ShardItem:
     if item is None or not me or item.owner != me or item.epoch != epoch:
         raise LeaseConflict(f"{shard_id}: not owned by {me!r}@{epoch}")
     return item
+
+
+def _new_owner(
+    table: _Table, old: ShardItem, owner: str, checkpoint: Mapping[str, int], wall_now: float
+) -> ShardItem:
+    """A take's (or a hand-over's) write: ``owner`` at the next epoch; whatever described
+    the previous owner's tenure goes."""
+    new = attrs.evolve(
+        old,
+        owner=owner,
+        epoch=old.epoch + 1,
+        owner_since=wall_now,
+        state="running",
+        checkpoint=dict(checkpoint),
+        release_requested=0.0,
+        successor="",
+        stale=(),
+        reconnects={},
+        handoff_stage="",
+        handoff_first={},
+    )
+    table.shards[old.id] = new
+    table.handoffs.discard(old.id)
+    return _copy(new)
 
 
 def _copy(item: ShardItem) -> ShardItem:

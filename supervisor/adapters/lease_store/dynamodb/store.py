@@ -436,6 +436,39 @@ class DynamoLeaseStore:
         )
         await self._update("handoff_ready", update)
 
+    async def hand_over(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        successor: str,
+        checkpoint: dict[str, int],
+        wall_now: float,
+    ) -> ShardItem:
+        # The take's write, made by the owner for its ready successor: one request less
+        # between the old child's last write and the new one's first.
+        update = UpdateItem(
+            shard_key(shard_id),
+            "SET #owner = :to, #epoch = :next, #owner_since = :now, #state = :running,"
+            " #checkpoint = :cp"
+            " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
+            + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
+            t.OWNED_AT_EPOCH + " AND #successor = :to AND #handoff_stage = :ready"
+            " AND attribute_not_exists(#retired_at)",
+            {
+                ":to": string(successor),
+                ":next": number(epoch + 1),
+                ":now": number(wall_now),
+                ":running": string("running"),
+                ":cp": checkpoint_value(checkpoint),
+                ":ready": string(t.HANDOFF_READY),
+                **t.fence_values(me, epoch),
+            },
+            returns="ALL_NEW",
+        )
+        response = await self._update("hand_over", update)
+        return codec.shard_from(response["Attributes"])
+
     async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
         update = UpdateItem(
             shard_key(shard_id),
