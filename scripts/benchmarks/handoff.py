@@ -9,10 +9,9 @@ split the gap into release, take and first write. Run by ``benchmarks.fleet``.
 
 from __future__ import annotations
 
-import itertools
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import trio
@@ -29,7 +28,7 @@ from benchmarks.fleets import (
 )
 from supervisor.config.model import SupervisorConfig
 from supervisor.devtools.fleet import Fleet
-from supervisor.devtools.sink_audit import StreamAudit, Written
+from supervisor.devtools.sink_audit import StreamAudit, Written, epoch_changes
 
 WORKERS = ("w1", "w2", "w3")
 SHARDS = 9
@@ -110,15 +109,10 @@ def analyse(
     """Every change of epoch of every stream: its cause, gap, losses and decomposition."""
     logs = {w: fleet.log_events(w) for w in WORKERS}
     term_at = {(sid, e): ev["sigterm_wall"] for ev in events for sid, e in ev["shards"].items()}
-    transitions = []
-    for shard, streams in fleet.shards.items():
-        for stream in streams:
-            by_epoch: dict[int, list[Written]] = defaultdict(list)
-            for record in audits.get(stream, StreamAudit(stream)).records:
-                by_epoch[record.epoch].append(record)
-            for old, new in itertools.pairwise(sorted(by_epoch)):
-                moved = (by_epoch[old], by_epoch[new])
-                transitions.append(_transition(shard, stream, old, new, moved, logs, term_at))
+    transitions = [
+        _transition(c.shard, c.stream, c.old, c.new, (c.before, c.after), logs, term_at)
+        for c in epoch_changes(fleet.shards, audits)
+    ]
     return {
         **fleet_totals(len(WORKERS), SHARDS, RATE, audits),
         "events": events,

@@ -11,13 +11,11 @@ the supervisors' logs (ms resolution) split the hand-off into its steps.
 
 from __future__ import annotations
 
-import itertools
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from supervisor.devtools.fleet import Fleet
-from supervisor.devtools.sink_audit import StreamAudit, Written
+from supervisor.devtools.sink_audit import EpochChange, StreamAudit, epoch_changes
 
 # A hand-off's steps as the logs show them: (name, whose log, event prefix(es), whose epoch).
 # "released" and "seen": a release and the successor's take of it, or (a successor that
@@ -40,15 +38,10 @@ def analyse(fleet: Fleet, events: list[dict[str, Any]], audits: dict[str, Stream
     logs = {w: fleet.log_events(w) for w in fleet.procs}
     killed = [ev for ev in events if "shards" in ev]
     cause = {(sid, e): ev["kill"] for ev in killed for sid, e in ev["shards"].items()}
-    moves = []
-    for shard, streams in fleet.shards.items():
-        for stream in streams:
-            by_epoch: dict[int, list[Written]] = defaultdict(list)
-            for record in audits.get(stream, StreamAudit(stream)).records:
-                by_epoch[record.epoch].append(record)
-            for old, new in itertools.pairwise(sorted(by_epoch)):
-                why = cause.get((shard, old), "rebalance")
-                moves.append(_move(shard, stream, (old, new), by_epoch, why, logs))
+    moves = [
+        _move(change, cause.get((change.shard, change.old), "rebalance"), logs)
+        for change in epoch_changes(fleet.shards, audits)
+    ]
     return {
         "events": events,
         "moves": moves,
@@ -59,16 +52,10 @@ def analyse(fleet: Fleet, events: list[dict[str, Any]], audits: dict[str, Stream
     }
 
 
-def _move(
-    shard: str,
-    stream: str,
-    epochs: tuple[int, int],
-    by_epoch: dict[int, list[Written]],
-    cause: str,
-    logs: dict[str, Log],
-) -> dict[str, Any]:
-    old, new = epochs
-    a, b = by_epoch[old], by_epoch[new]
+def _move(change: EpochChange, cause: str, logs: dict[str, Log]) -> dict[str, Any]:
+    shard, stream, old, new = change.shard, change.stream, change.old, change.new
+    epochs = (old, new)
+    a, b = change.before, change.after
     a_last, b_first = max(r.ts for r in a), min(r.ts for r in b)
     a_seqs, b_seqs = {r.seq for r in a}, {r.seq for r in b}
     who = {"old": a[0].worker, "new": b[0].worker}

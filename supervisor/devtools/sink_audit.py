@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -125,6 +126,31 @@ def read_records(paths: Iterable[Path]) -> dict[str, StreamAudit]:
 
 def audit_sink_dir(root: Path) -> dict[str, StreamAudit]:
     return read_records(root.rglob("*.jsonl"))
+
+
+@attrs.frozen
+class EpochChange:
+    """A stream's move from one writer (epoch) to the next, as its records show it."""
+
+    shard: str
+    stream: str
+    old: int
+    new: int
+    before: list[Written]  # the old epoch's records
+    after: list[Written]  # the new epoch's
+
+
+def epoch_changes(
+    shards: Mapping[str, Sequence[str]], audits: Mapping[str, StreamAudit]
+) -> Iterator[EpochChange]:
+    """Every change of epoch of every stream of ``shards``, in order."""
+    for shard, streams in shards.items():
+        for stream in streams:
+            by_epoch: dict[int, list[Written]] = defaultdict(list)
+            for record in audits.get(stream, StreamAudit(stream)).records:
+                by_epoch[record.epoch].append(record)
+            for old, new in itertools.pairwise(sorted(by_epoch)):
+                yield EpochChange(shard, stream, old, new, by_epoch[old], by_epoch[new])
 
 
 @attrs.define
