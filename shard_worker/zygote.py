@@ -41,32 +41,15 @@ MAX_MESSAGE = 4096
 EXIT_GRACE = 1.0  # after EOF, how long to wait for children to exit (the supervisor waits 2 s)
 SPAWN_FDS = 4  # control_r, report_w, stdout_w, stderr_w
 
-# What a child imports: loaded once here, shared copy-on-write by every child.
+# What a child imports besides the shard_worker package (all of which ``warm_up`` imports, so a
+# new module can never be left for each child to import on its own): loaded once here, shared
+# copy-on-write by every child.
 PRELOAD = (
-    "shard_worker.__main__",
-    "shard_worker.drivers.worker",
-    "shard_worker.adapters.sinks.jsonl",
-    "shard_worker.drivers.reader",
-    "shard_worker.adapters.websocket",
-    "shard_worker.adapters.tls",
-    "shard_worker.adapters.pipes",
-    "shard_worker.drivers.recorder",
-    "shard_worker.drivers.fence",
-    "shard_worker.drivers.pipeline",
-    "shard_worker.records",
-    "shard_worker.core.frames",
-    "shard_worker.core.batcher",
-    "shard_worker.adapters.sinks",
-    "shard_worker.adapters.sinks.batch",
-    "shard_worker.adapters.sinks.handler",
-    "shard_worker.adapters.sinks.stdout",
-    "shard_worker.core.sequence",
-    "shard_worker.core.backoff",
-    "shard_worker.adapters.log",
-    "shard_worker.contract.pipe",
     "trio",
     "trio_websocket",
+    "websockets.client",  # the default transport (shard_worker.adapters.websockets_transport)
     "ssl",
+    "zlib",  # permessage-deflate
     "json",
     "base64",
     "random",
@@ -81,11 +64,18 @@ PRELOAD = (
 
 
 def warm_up() -> None:
-    """Import everything a child runs (a child then imports nothing)."""
+    """Import everything a child runs, so a child imports nothing: a module imported after the
+    fork costs every child its import time at each start and its own private copy in memory."""
     import importlib
+    import pkgutil
+
+    import shard_worker
 
     for name in PRELOAD:
         importlib.import_module(name)
+    for module in pkgutil.walk_packages(shard_worker.__path__, "shard_worker."):
+        if module.name != "shard_worker.zygote":  # this module (as __main__ when it serves)
+            importlib.import_module(module.name)
 
 
 class Zygote:

@@ -207,3 +207,21 @@ async def test_the_zygote_imports_no_supervisor_code() -> None:
     assert "shard_worker.drivers.worker" in modules and "trio_websocket" in modules
     forbidden = [m for m in modules if m.split(".")[0] in ("boto3", "botocore", "supervisor")]
     assert forbidden == []
+
+
+async def test_a_warm_child_imports_nothing_after_the_fork() -> None:
+    """Each module a child imports after the fork costs every start its import time and every
+    child a private copy: the default transport once did (warm restarts 20 -> 45 ms)."""
+    code = (
+        "import json, sys\n"
+        "from shard_worker import zygote\n"
+        "zygote.warm_up()\n"
+        "before = set(sys.modules)\n"
+        "from shard_worker.adapters.transports import TRANSPORTS, open_transport\n"
+        "for kind in TRANSPORTS:\n"
+        "    open_transport(kind, max_message_size=1 << 20, connect_timeout=1.0,"
+        " compression=True)\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    result = await trio.run_process([sys.executable, "-c", code], capture_stdout=True)
+    assert json.loads(result.stdout) == []
