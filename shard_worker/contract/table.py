@@ -21,8 +21,13 @@ Item = dict[str, AttributeValue]
 
 # --- keys and attribute names --------------------------------------------------------------
 
-PK = "pk"  # the only key: "shard#<id>" or "worker#<id>"
+PK = "pk"  # the only key: "shard#<id>", "worker#<id>" or "handoff#<shard id>"
 KIND_SHARD, KIND_WORKER = "shard", "worker"  # the pk's prefix and the item's `kind`
+# A hand-off notice: a small item listed among the vacant shards while an owner asks a named
+# successor for a make-before-break hand-off, so the successor's one hand-off poll query finds
+# both what was released to it and what it is asked for. Its `id` is its pk ("handoff#<shard>"),
+# never a shard's id: a version that knows no notices takes it for a vacant shard it does not run.
+KIND_HANDOFF = "handoff"
 
 # Both kinds of item.
 KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
@@ -64,6 +69,9 @@ FEATURE_MBB = "mbb"
 # `features`: this version adopts a shard its owner handed over to it in one write
 # (``hand_over``: owner := successor, epoch + 1) instead of taking it after a release.
 FEATURE_HANDOVER = "handover"
+# `features`: this version lists a hand-off notice with each request and finds requests by it
+# (an owner without it is asked by the `roster = handoff` query, one more per poll).
+FEATURE_HANDOFF_NOTICE = "notice"
 # What every write that ends an owner's tenure also clears (release, take).
 HANDOFF_ATTRIBUTES = (HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT)
 
@@ -104,6 +112,15 @@ def shard_key(shard_id: str) -> Item:
 
 def worker_key(worker_id: str) -> Item:
     return {PK: string(f"{KIND_WORKER}#{worker_id}")}
+
+
+def handoff_notice_id(shard_id: str) -> str:
+    """The notice's pk and `id`."""
+    return f"{KIND_HANDOFF}#{shard_id}"
+
+
+def shard_of_notice(notice_id: str) -> str:
+    return notice_id.removeprefix(f"{KIND_HANDOFF}#")
 
 
 _NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")

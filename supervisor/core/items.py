@@ -78,6 +78,15 @@ class HandoffRequest:
 
 
 @attrs.frozen
+class Vacancies:
+    """What one query of the ``vacant`` roster lists: the unowned shards, and the hand-off
+    notices of make-before-break requests (the hand-off poll's one request)."""
+
+    shards: tuple[VacantShard, ...] = ()
+    requests: tuple[HandoffRequest, ...] = ()
+
+
+@attrs.frozen
 class Snapshot:
     workers: tuple[WorkerItem, ...]
     shards: tuple[ShardItem, ...]

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
+from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_MBB, STOPPED
 from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.runner_state import HeldShard
@@ -135,11 +136,24 @@ def handoff_answers(
 ) -> list[HandoffRequest]:
     """The make-before-break requests this worker answers now: naming it, for a shard it may
     run and does not hold, not answered already. (The driver checks that it accepts.)"""
-    return [
-        r
-        for r in requests
-        if r.successor == me and r.id in runnable and r.id not in held and r.id not in answering
-    ]
+    answers: dict[str, HandoffRequest] = {}  # one per shard: a notice and the roster agree
+    for r in requests:
+        if r.successor == me and r.id in runnable and r.id not in held and r.id not in answering:
+            answers.setdefault(r.id, r)
+    return list(answers.values())
+
+
+def asked_without_notice(workers: Sequence[WorkerItem] | None, me: str) -> bool:
+    """Whether a peer may ask us for a hand-off without listing a notice (a version before
+    ``FEATURE_HANDOFF_NOTICE``, or peers not read yet): then the ``handoff`` roster is read
+    too, one query more per poll, until the fleet has rolled over."""
+    if workers is None:
+        return True
+    return any(
+        FEATURE_MBB in w.features and FEATURE_HANDOFF_NOTICE not in w.features
+        for w in workers
+        if w.id != me and w.state != STOPPED
+    )
 
 
 def handoff_takes(
@@ -156,6 +170,7 @@ __all__ = [
     "ScanSchedule",
     "accepting",
     "act_on_plan",
+    "asked_without_notice",
     "handoff_answers",
     "handoff_takes",
     "promotion_kind",

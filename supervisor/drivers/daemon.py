@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from shard_worker.contract.table import FEATURE_HANDOVER, FEATURE_MBB
+from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_HANDOVER, FEATURE_MBB
 from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import Response
 from supervisor.adapters.lease_store.base import (
@@ -55,6 +55,7 @@ log = logging.getLogger("shardvisor.supervisor")
 
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
+NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
 
 
 class Supervisor:
@@ -249,7 +250,7 @@ class Supervisor:
             pid=os.getpid(),
             max_shards=self.config.worker.max_shards,
             max_standbys=self.config.worker.max_standbys,
-            features=frozenset({FEATURE_MBB, FEATURE_HANDOVER}),
+            features=frozenset({FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}),
         )
         await self.store.register_worker(item)
         self._registered_at = sent
@@ -360,7 +361,8 @@ class Supervisor:
         workers = await self.store.read_workers()
         now = self.now()
         self.tracker.observe(workers, now)
-        vacant = await self.store.vacant_shards()
+        listing = await self.store.vacancies()
+        vacant = listing.shards
         scan = self._scans.due(self._signature(workers, vacant, now), now)
         if scan:
             snapshot = await self.store.snapshot()
@@ -420,7 +422,7 @@ class Supervisor:
         items = {item.id: item for item in snapshot.shards}
         self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
         if self.config.lease.handoff_poll_interval == 0 and accepting:
-            await self._answer_handoff_requests()
+            await self._answer_handoff_requests(listing.requests)
         self.notifier.notify(status=self._status_line())
 
     def _accepting(self, now: float) -> bool:
@@ -474,32 +476,36 @@ class Supervisor:
         self._runnable = runnable
 
     async def _handoff_poll_loop(self) -> None:
-        """Shards handed to us by name (drain, rebalance, `release`): taken within one poll
-        rather than at the next reconcile. One small index query per poll."""
+        """Shards handed to us by name (drain, rebalance, `release`) and make-before-break
+        requests naming us: found within one poll rather than at the next reconcile. One
+        small index query per poll (its vacancies list both)."""
         interval = self.config.lease.handoff_poll_interval
         while True:
             await trio.sleep(interval)
             if not self._accepting(self.now()):
                 continue
             try:
-                vacant = await self.store.vacant_shards()
+                listing = await self.store.vacancies()
             except StoreUnavailable as exc:
                 log.debug("hand-off poll skipped: %s", exc)
                 continue
-            for shard in round_policy.handoff_takes(vacant, self.worker_id, self._runnable):
+            for shard in round_policy.handoff_takes(listing.shards, self.worker_id, self._runnable):
                 # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
                 if self._accepting(self.now()):
                     await self._take(shard.id, "", shard.epoch)
-            await self._answer_handoff_requests()
+            await self._answer_handoff_requests(listing.requests)
 
-    async def _answer_handoff_requests(self) -> None:
-        """Make-before-break requests naming us: each answered by its own task (the standby
-        may take a moment to connect), at most one per shard."""
-        try:
-            requests = await self.store.handoff_requests()
-        except StoreUnavailable as exc:
-            log.debug("hand-off requests not read: %s", exc)
-            return
+    async def _answer_handoff_requests(self, noticed: Sequence[HandoffRequest]) -> None:
+        """Make-before-break requests naming us, found by their notices (and, while a peer of
+        an older version may ask without one, by the ``handoff`` roster): each answered by
+        its own task (the standby may take a moment to connect), at most one per shard."""
+        requests = list(noticed)
+        workers = self._snapshot.workers if self._snapshot is not None else None
+        if round_policy.asked_without_notice(workers, self.worker_id):
+            try:
+                requests += await self.store.handoff_requests()
+            except StoreUnavailable as exc:
+                log.debug("hand-off requests not read: %s", exc)
         answers = round_policy.handoff_answers(
             requests, self.worker_id, self._runnable, self.runners, self.keeper.answering
         )
@@ -521,11 +527,21 @@ class Supervisor:
         except StoreUnavailable as exc:  # its first read or its answer: the owner times out
             log.warning("hand-off request not answered: %s", exc, extra={"shard": request.id})
             ended = "store unavailable"
+        await self._clear_notice(request)
         if ended != TAKEN:
             # A hand-over this answer could not adopt (it never saw it, or its release at
             # once failed) leaves the shard ours with no child: the next round reads the
             # whole table and retakes it (epoch + 1) instead of waiting for a periodic scan.
             self._scans.invalidate()
+
+    async def _clear_notice(self, request: HandoffRequest) -> None:
+        """Whatever the answer's outcome, its notice goes (the owner's withdrawal also clears
+        it); one that stays is answered once more and found withdrawn, then cleared."""
+        with trio.move_on_after(NOTICE_CLEAR_TIMEOUT):
+            try:
+                await self.store.clear_handoff_notice(request.id, request.successor, request.epoch)
+            except StoreUnavailable as exc:
+                log.debug("hand-off notice not cleared: %s", exc, extra={"shard": request.id})
 
     async def _take_handed_off(self, shard_id: str, epoch: int) -> None:
         await self._take(shard_id, "", epoch)

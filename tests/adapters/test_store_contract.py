@@ -25,7 +25,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
-from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, Vacancies, VacantShard, WorkerItem
 
 REGION = "us-east-1"
 RACE_ROUNDS = 20
@@ -515,6 +515,34 @@ async def test_a_hand_off_request_is_fenced_and_listed_for_the_successor(
     assert [v.id for v in await store.vacant_shards()] == []  # owned: not vacant
     await store.checkpoint("a", "w1", 1, {"x": 9})  # the owner's child keeps writing
     assert (await store.read_shard("a")).handoff_stage == "requested"
+
+
+async def test_a_request_lists_its_notice_among_the_vacancies_until_cleared(
+    store: LeaseStore,
+) -> None:
+    """The successor's one hand-off poll query finds what is released to it and what it is
+    asked for; a notice is never mistaken for a vacant shard."""
+    await store.ensure_shard("a")
+    await store.ensure_shard("b")
+    await store.take("a", "w1", "", 0, 1.0)
+    await store.request_handoff("a", "w1", 1, "w2", 2.0)
+    assert await store.vacancies() == Vacancies(
+        (VacantShard("b", 0),), (HandoffRequest("a", 1, "w2"),)
+    )
+    assert await store.vacant_shards() == (VacantShard("b", 0),)
+    assert not await store.clear_handoff_notice("a", "w3", 1)  # not the one asked
+    assert not await store.clear_handoff_notice("a", "w2", 0)  # not its epoch
+    assert await store.clear_handoff_notice("a", "w2", 1)
+    assert (await store.vacancies()).requests == ()
+    assert not await store.clear_handoff_notice("a", "w2", 1)  # gone already
+    assert await store.handoff_requests() == (HandoffRequest("a", 1, "w2"),)  # still asked
+    # The owner's withdrawal takes the notice of its epoch with it.
+    await store.request_handoff("a", "w1", 1, "w3", 3.0)
+    assert (await store.vacancies()).requests == (HandoffRequest("a", 1, "w3"),)
+    await store.cancel_handoff("a", "w1", 1)
+    assert await store.vacancies() == Vacancies((VacantShard("b", 0),), ())
+    snapshot = await store.snapshot()
+    assert sorted(s.id for s in snapshot.shards) == ["a", "b"]  # a notice is not a shard
 
 
 async def test_only_the_named_successor_answers_a_pending_request(store: LeaseStore) -> None:

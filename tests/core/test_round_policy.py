@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 from helpers.fake_runner import FakeRunner as Runner
 
+from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_HANDOVER, FEATURE_MBB
 from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.round_policy import (
@@ -14,6 +15,7 @@ from supervisor.core.round_policy import (
     ScanSchedule,
     accepting,
     act_on_plan,
+    asked_without_notice,
     handoff_answers,
     handoff_takes,
     promotion_kind,
@@ -155,6 +157,24 @@ def test_the_hand_off_requests_a_worker_answers():
     ]
     answers = handoff_answers(requests, "me", {"a", "b", "d", "e"}, {"d": 1}, {"e"})
     assert answers == [HandoffRequest("a", 3, "me")]
+
+
+def test_a_request_found_twice_is_answered_once():
+    notice, listed = HandoffRequest("a", 3, "me"), HandoffRequest("a", 3, "me")
+    assert handoff_answers([notice, listed], "me", {"a"}, {}, set()) == [notice]
+
+
+def test_the_handoff_roster_is_read_only_while_a_peer_may_ask_without_a_notice():
+    def peer(wid, features, state="running"):
+        return WorkerItem(wid, "s", 1, state, 0.0, 0.0, features=frozenset(features))
+
+    new = {FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}
+    assert asked_without_notice(None, "me")  # peers not read yet: ask the roster
+    assert not asked_without_notice([peer("me", {FEATURE_MBB}), peer("w2", new)], "me")
+    assert asked_without_notice([peer("w2", new), peer("w3", {FEATURE_MBB})], "me")
+    assert asked_without_notice([peer("w3", {FEATURE_MBB}, "draining")], "me")
+    assert not asked_without_notice([peer("w3", {FEATURE_MBB}, "stopped")], "me")
+    assert not asked_without_notice([peer("w3", set())], "me")  # asks nobody
 
 
 def test_a_promotion_is_a_failover_only_for_a_dead_owners_shard():

@@ -195,6 +195,41 @@ async def test_a_successor_without_the_handover_feature_gets_a_release_and_takes
     assert continuity(h.writes, "s0") == ([], [])
 
 
+@pytest.mark.parametrize("older_owner", [False, True])
+async def test_a_request_is_found_by_its_notice_and_an_older_owners_by_the_roster(
+    autojump_clock, older_owner
+):
+    """This version's successor finds requests among the vacancies its poll reads anyway;
+    while a peer of an older version (no notices) may ask, it reads the ``handoff`` roster
+    too, so a rolling deploy from that version still hands off make-before-break."""
+    h = Harness(config(shards=1))
+    w2_store = h.store.peer()
+    request = h.store.request_handoff
+
+    async def without_notice(shard, me, epoch, to, wall_now):
+        await request(shard, me, epoch, to, wall_now)
+        del h.store._table.notices[shard]
+
+    async with trio.open_nursery() as nursery:
+        w1, _w2 = await owner_then_peer(h, nursery, w2_store)
+        if older_owner:
+            workers = h.store._table.workers
+            workers["w1"] = attrs.evolve(workers["w1"], features=frozenset({FEATURE_MBB}))
+            h.store.request_handoff = without_notice  # type: ignore[method-assign]
+            await trio.sleep(RECONCILE)  # w2 reads the worker items again
+        w1.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w2", epoch=2))
+        await wait_for(lambda: _no_notices(h))  # cleared once answered
+        nursery.cancel_scope.cancel()
+    assert metric(w1, "shardvisor_handoffs_total", mode="make_before_break") == 1
+    assert continuity(h.writes, "s0") == ([], [])
+    assert (w2_store.request_counts["handoff_requests"] > 0) is older_owner
+
+
+async def _no_notices(h: Harness) -> bool:
+    return not (await h.store.vacancies()).requests
+
+
 async def test_a_shard_handed_over_to_a_successor_that_stops_taking_is_released_at_once(
     autojump_clock,
 ):

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Protocol
 
-from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import (
+    HandoffRequest,
+    ShardItem,
+    Snapshot,
+    Vacancies,
+    VacantShard,
+    WorkerItem,
+)
 
 
 class LeaseStoreError(Exception):
@@ -77,6 +84,10 @@ class LeaseStore(Protocol):
         """The unowned shards, from the sparse index (eventually consistent: a take is
         conditional anyway). Cheap when few shards are unowned, whatever the table's size."""
 
+    async def vacancies(self) -> Vacancies:
+        """The same one query: the unowned shards and the hand-off notices (the requests of
+        owners that list one, ``FEATURE_HANDOFF_NOTICE``): the hand-off poll's one request."""
+
     async def poke(self, worker_id: str) -> None:
         """Mailbox + 1: the worker re-reads the whole table at its next reconcile.
         LeaseConflict if there is no such worker."""
@@ -137,8 +148,9 @@ class LeaseStore(Protocol):
         self, shard_id: str, me: str, epoch: int, to: str, wall_now: float
     ) -> None:
         """Ask ``to`` to get a standby ready before we stop: names it as successor, stage
-        ``requested``, lists the shard in the index under ``handoff``. Fenced on owner and
-        epoch (LeaseConflict: not ours any more)."""
+        ``requested``, lists the shard in the index under ``handoff`` (for successors of an
+        older version), then lists the hand-off notice among the vacancies. Fenced on owner
+        and epoch (LeaseConflict: not ours any more)."""
 
     async def handoff_ready(
         self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
@@ -164,7 +176,11 @@ class LeaseStore(Protocol):
 
     async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
         """Withdraw our request (the successor was not ready in time): successor, stage and
-        the index entry go. Fenced on owner and epoch."""
+        the index entry go (fenced on owner and epoch), then the notice of our epoch."""
+
+    async def clear_handoff_notice(self, shard_id: str, successor: str, epoch: int) -> bool:
+        """The successor's answer ended (whatever the outcome): its notice goes, if it still
+        names ``successor`` at ``epoch`` (a later request's notice stays). False if not."""
 
     async def read_shard(self, shard_id: str) -> ShardItem | None:
         """One shard item, strongly consistent (None if there is none). Polled only while a

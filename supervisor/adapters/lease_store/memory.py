@@ -22,7 +22,14 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.billing import Meter
 from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
-from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import (
+    HandoffRequest,
+    ShardItem,
+    Snapshot,
+    Vacancies,
+    VacantShard,
+    WorkerItem,
+)
 from supervisor.core.membership import Member
 
 OPERATIONS = frozenset(
@@ -51,6 +58,8 @@ OPERATIONS = frozenset(
         "read_shard",
         "read_shards",
         "handoff_requests",
+        "vacancies",
+        "clear_handoff_notice",
         # protocol 2 (memory_fleet.py)
         "read_generation",
         "read_members",
@@ -75,6 +84,8 @@ class _Table:
     # Shards listed under roster = "handoff" (the index entry a take, release, cancel or
     # retire removes), as DynamoDB's sparse index would list them.
     handoffs: set[str] = attrs.field(factory=set)
+    # Hand-off notices by shard (their own items in DynamoDB, listed under "vacant").
+    notices: dict[str, HandoffRequest] = attrs.field(factory=dict)
     # Protocol 2 (memory_fleet.py): the meta item's generation, the fleet index's worker
     # projections, and the index entries by owner and by successor.
     generation: int = 0
@@ -218,12 +229,12 @@ class MemoryLeaseStore:
         return tuple(table.workers[k] for k in sorted(table.workers))
 
     async def vacant_shards(self) -> tuple[VacantShard, ...]:
-        table = await self._enter("vacant_shards")
-        return tuple(
-            VacantShard(item.id, item.epoch, item.successor)
-            for _, item in sorted(table.shards.items())
-            if not item.owner and not item.retired_at
-        )
+        return _vacant(await self._enter("vacant_shards"))
+
+    async def vacancies(self) -> Vacancies:
+        table = await self._enter("vacancies")
+        notices = tuple(table.notices[sid] for sid in sorted(table.notices))
+        return Vacancies(_vacant(table), notices)
 
     async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
         table = await self._enter("add_shard")
@@ -328,6 +339,8 @@ class MemoryLeaseStore:
             old, successor=to, handoff_stage=HANDOFF_REQUESTED, handoff_first={}
         )
         table.handoffs.add(shard_id)
+        await self._enter("request_handoff")  # the notice: a second request in DynamoDB
+        table.notices[shard_id] = HandoffRequest(shard_id, epoch, to)
 
     async def handoff_ready(
         self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
@@ -366,6 +379,17 @@ class MemoryLeaseStore:
         old = _owned(table, shard_id, me, epoch)
         table.shards[shard_id] = attrs.evolve(old, successor="", handoff_stage="", handoff_first={})
         table.handoffs.discard(shard_id)
+        await self._enter("cancel_handoff")
+        notice = table.notices.get(shard_id)
+        if notice is not None and notice.epoch == epoch:
+            del table.notices[shard_id]
+
+    async def clear_handoff_notice(self, shard_id: str, successor: str, epoch: int) -> bool:
+        table = await self._enter("clear_handoff_notice")
+        if table.notices.get(shard_id) != HandoffRequest(shard_id, epoch, successor):
+            return False
+        del table.notices[shard_id]
+        return True
 
     async def read_shard(self, shard_id: str) -> ShardItem | None:
         table = await self._enter("read_shard")
@@ -384,6 +408,14 @@ class MemoryLeaseStore:
             HandoffRequest(sid, table.shards[sid].epoch, table.shards[sid].successor)
             for sid in sorted(table.handoffs)
         )
+
+
+def _vacant(table: _Table) -> tuple[VacantShard, ...]:
+    return tuple(
+        VacantShard(item.id, item.epoch, item.successor)
+        for _, item in sorted(table.shards.items())
+        if not item.owner and not item.retired_at
+    )
 
 
 def _owned(table: _Table, shard_id: str, me: str, epoch: int) -> ShardItem:

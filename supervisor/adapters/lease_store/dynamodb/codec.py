@@ -158,6 +158,25 @@ def handoff_request_from(item: Item) -> HandoffRequest:
     return HandoffRequest(*_roster_entry(item))
 
 
+def notice_item(shard_id: str, epoch: int, successor: str) -> Item:
+    """A hand-off notice, listed under ``vacant`` (``t.KIND_HANDOFF`` says why)."""
+    notice_id = t.handoff_notice_id(shard_id)
+    return {
+        t.PK: string(notice_id),
+        t.KIND: string(t.KIND_HANDOFF),
+        t.ID: string(notice_id),
+        t.EPOCH: number(epoch),
+        t.SUCCESSOR: string(successor),
+        t.ROSTER: string(t.ROSTER_VACANT),
+    }
+
+
+def notice_from(item: Item) -> HandoffRequest:
+    """An entry of the roster index under ``vacant`` whose kind is ``handoff``."""
+    notice_id, epoch, successor = _roster_entry(item)
+    return HandoffRequest(t.shard_of_notice(notice_id), epoch, successor)
+
+
 def kind_of(item: Item) -> str:
     """``shard``, ``worker``, or something else that shares the table (ignored)."""
     return read_str(item, t.KIND)

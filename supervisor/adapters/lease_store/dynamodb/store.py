@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Callable, Collection, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -34,7 +35,14 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
-from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
+from supervisor.core.items import (
+    HandoffRequest,
+    ShardItem,
+    Snapshot,
+    Vacancies,
+    VacantShard,
+    WorkerItem,
+)
 
 _REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
 _BATCH_GET_KEYS = 100  # BatchGetItem's limit per request
@@ -213,8 +221,18 @@ class DynamoLeaseStore:
         return tuple(sorted(workers, key=lambda w: w.id))
 
     async def vacant_shards(self) -> tuple[VacantShard, ...]:
-        listed = await self._query_roster("vacant_shards", t.ROSTER_VACANT)
-        return tuple(sorted((codec.vacant_from(item) for item in listed), key=lambda v: v.id))
+        return (await self._vacancies("vacant_shards")).shards
+
+    async def vacancies(self) -> Vacancies:
+        return await self._vacancies("vacancies")
+
+    async def _vacancies(self, op: str) -> Vacancies:
+        listed = await self._query_roster(op, t.ROSTER_VACANT)
+        shards = [codec.vacant_from(i) for i in listed if codec.kind_of(i) == t.KIND_SHARD]
+        notices = [codec.notice_from(i) for i in listed if codec.kind_of(i) == t.KIND_HANDOFF]
+        return Vacancies(
+            tuple(sorted(shards, key=lambda v: v.id)), tuple(sorted(notices, key=lambda r: r.id))
+        )
 
     async def _query_roster(self, op: str, value: str) -> list[Item]:
         """Every item the sparse index lists under ``value`` (keys and projected attributes)."""
@@ -417,6 +435,12 @@ class DynamoLeaseStore:
             },
         )
         await self._update("request_handoff", update)
+        await self._db.request(
+            "request_handoff",
+            "put_item",
+            TableName=self.table,
+            Item=codec.notice_item(shard_id, epoch, to),
+        )
 
     async def handoff_ready(
         self, shard_id: str, epoch: int, me: str, first_seq: dict[str, int]
@@ -477,6 +501,39 @@ class DynamoLeaseStore:
             t.fence_values(me, epoch),
         )
         await self._update("cancel_handoff", update)
+        await self._delete_notice("cancel_handoff", shard_id, "#epoch = :epoch", epoch)
+
+    async def clear_handoff_notice(self, shard_id: str, successor: str, epoch: int) -> bool:
+        return await self._delete_notice(
+            "clear_handoff_notice",
+            shard_id,
+            "#epoch = :epoch AND #successor = :successor",
+            epoch,
+            {":successor": string(successor)},
+        )
+
+    async def _delete_notice(
+        self,
+        op: str,
+        shard_id: str,
+        condition: str,
+        epoch: int,
+        values: Mapping[str, Any] = MappingProxyType({}),
+    ) -> bool:
+        """False when the condition failed: the notice is gone, or a later request's."""
+        try:
+            await self._db.request(
+                op,
+                "delete_item",
+                TableName=self.table,
+                Key={t.PK: string(t.handoff_notice_id(shard_id))},
+                ConditionExpression=condition,
+                ExpressionAttributeNames=expression_names(condition),
+                ExpressionAttributeValues={":epoch": number(epoch), **values},
+            )
+        except LeaseConflict:
+            return False
+        return True
 
     async def read_shard(self, shard_id: str) -> ShardItem | None:
         response = await self._db.request(
