@@ -163,6 +163,15 @@ def left_to_standbys(
     return found
 
 
+def covers(checkpoint: Mapping[str, int], first_seq: Mapping[str, int]) -> bool:
+    """Whether a standby holding each stream from ``first_seq`` on bridges a death of the owner
+    whose checkpoint is ``checkpoint``: a new owner resumes after the checkpoint, so the
+    standby must hold the record after it (``first_seq[s] <= checkpoint[s] + 1``). Until then
+    (about one checkpoint interval after the standby connects) a host death would lose what
+    lies between, so the standby is not yet advertised as ready."""
+    return all(checkpoint.get(stream, 0) >= first - 1 for stream, first in first_seq.items())
+
+
 @attrs.define
 class UnplacedReports:
     """A standby that cannot be placed is logged once, and again only when that changes."""
@@ -181,6 +190,7 @@ __all__ = [
     "Placement",
     "StandbyPriority",
     "UnplacedReports",
+    "covers",
     "holder",
     "left_to_standbys",
     "orphaned",

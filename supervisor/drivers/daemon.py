@@ -421,6 +421,10 @@ class Supervisor:
                 await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
         items = {item.id: item for item in snapshot.shards}
         self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
+        try:
+            await self.keeper.check_coverage()
+        except StoreUnavailable as exc:
+            log.debug("standby coverage not read: %s", exc)
         if self.config.lease.handoff_poll_interval == 0 and accepting:
             await self._answer_handoff_requests(listing.requests)
         self.notifier.notify(status=self._status_line())

@@ -26,6 +26,7 @@ from supervisor.core.standby import (
     Placement,
     StandbyPriority,
     UnplacedReports,
+    covers,
     left_to_standbys,
     place_standbys,
     standby_priority,
@@ -51,6 +52,8 @@ class StandbyKeeper:
     placement: Placement = attrs.field(factory=Placement)  # as of the last round
     _free: FreeWatch = attrs.field(factory=FreeWatch)
     _unplaced: UnplacedReports = attrs.field(factory=UnplacedReports)
+    # shard -> the first_seq of the ready standby found covering its owner's checkpoint
+    _covering: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
     # --- placement ------------------------------------------------------------------------
 
@@ -248,10 +251,36 @@ class StandbyKeeper:
     # --- what others read -----------------------------------------------------------------
 
     def ready(self) -> tuple[str, ...]:
-        """The shards whose standby child is ready here (advertised in heartbeats)."""
+        """The shards whose standby child is ready here and bridges a death of the owner
+        (``core.standby.covers``): advertised in heartbeats, shown by ``status``."""
         return tuple(
-            sorted(s for s, r in self.runners.items() if r.state is RunnerState.STANDBY_READY)
+            sorted(s for s in self._connected() if self._covering.get(s) == self._first(s))
         )
+
+    def _connected(self) -> list[str]:
+        return [s for s, r in self.runners.items() if r.state is RunnerState.STANDBY_READY]
+
+    def _first(self, shard_id: str) -> dict[str, int]:
+        return self.runners[shard_id].first_seq
+
+    async def check_coverage(self) -> None:
+        """Read the owners' checkpoints of the standbys connected since the last look that do
+        not cover them yet (one consistent batch read, only while there are such standbys:
+        about one round after each connect). StoreUnavailable: next round."""
+        self._covering = {s: f for s, f in self._covering.items() if s in self.runners}
+        waiting = [s for s in self._connected() if self._covering.get(s) != self._first(s)]
+        if not waiting:
+            return
+        items = await self.ctx.store.read_shards(waiting)
+        for shard_id in waiting:
+            item, first = items.get(shard_id), self._first(shard_id)
+            if item is not None and covers(item.checkpoint, first):
+                self._covering[shard_id] = dict(first)
+                log.info(
+                    "standby ready for a failover: the owner's checkpoint has reached its "
+                    "first record",
+                    extra={"shard": shard_id, "first_seq": first},
+                )
 
     def metrics_state(self) -> dict[str, dict[str, int]]:
         out = {}

@@ -15,6 +15,7 @@ from supervisor.core.standby import (
     Placement,
     StandbyPriority,
     UnplacedReports,
+    covers,
     holder,
     left_to_standbys,
     place_standbys,
@@ -227,3 +228,10 @@ def test_a_peer_with_a_ready_standby_is_the_successor_whatever_its_load():
     many = pick_successors(["m0"], "me", ["me", "a", "b"], shards, {"m0": ["a", "b", "gone"]})
     assert many == {"m0": "b"}  # the least loaded of those with a standby; live ones only
     assert pick_successors(["m0"], "me", ["me", "a"], shards, {"m0": ["me"]}) == {"m0": "a"}
+
+
+def test_a_standby_covers_once_the_checkpoint_reaches_the_record_before_its_first():
+    assert covers({"a": 9, "b": 3}, {"a": 10})
+    assert not covers({"a": 8}, {"a": 10})
+    assert not covers({}, {"a": 10})
+    assert covers({"a": 0}, {})  # no record held yet on any stream: nothing to bridge

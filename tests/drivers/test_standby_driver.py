@@ -30,6 +30,7 @@ from supervisor.config.model import (
 from supervisor.core.items import HandoffRequest, ShardItem
 from supervisor.core.make_before_break import release_wait
 from supervisor.core.runner_state import RunnerState
+from supervisor.core.standby import covers
 from supervisor.drivers.daemon import Supervisor
 from supervisor.drivers.handoff import Answer
 
@@ -530,6 +531,47 @@ async def test_a_crash_looping_standby_is_stopped_and_not_placed_again_for_a_whi
         assert w1.runners["s0"].state is RunnerState.RUNNING
         assert len(h.children["w1"]) == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_standby_is_advertised_once_its_owners_checkpoint_reaches_its_first_record(
+    autojump_clock,
+):
+    """A connected standby bridges a host death only once the owner's checkpoint (where a
+    new owner resumes) has reached its first buffered record; until then it is not
+    advertised (nor shown ready by ``status``), and it is read for once a round only."""
+    h = Harness(config(shards=1, standbys=1))
+    w1_store, w2_store = h.store.peer(), h.store.peer()
+    write = w1_store.checkpoint
+    held_back = True
+
+    async def slow_owner(*args, **kwargs):  # its checkpoints do not land for a while
+        if not held_back:
+            await write(*args, **kwargs)
+
+    w1_store.checkpoint = slow_owner  # type: ignore[method-assign]
+    w1, w2 = h.supervisor("w1", w1_store), h.supervisor("w2", w2_store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await wait_for(lambda: _standby_connected(w2, "s0"))
+        first = w2.keeper.runners["s0"].first_seq
+        reads = w2_store.request_counts["read_shards"]
+        await trio.sleep(5 * RECONCILE)
+        assert await _advertised(h, {})
+        assert w2_store.request_counts["read_shards"] - reads <= 6  # once a round
+        held_back = False
+        await wait_for(lambda: _advertised(h, {"s0": ["w2"]}))
+        assert covers((await h.store.read_shard("s0")).checkpoint, first)
+        reads = w2_store.request_counts["read_shards"]
+        await trio.sleep(5 * RECONCILE)
+        assert w2_store.request_counts["read_shards"] == reads  # covered: read no more
+        nursery.cancel_scope.cancel()
+
+
+async def _standby_connected(sup: Supervisor, shard: str) -> bool:
+    runner = sup.keeper.runners.get(shard)
+    return runner is not None and runner.state is RunnerState.STANDBY_READY
 
 
 async def test_the_status_of_a_supervisor_shows_its_standbys(autojump_clock):
