@@ -146,7 +146,7 @@ async def measure_size(
         "billed": {
             "from_server": c1["units"]["from_server"] - c0["units"]["from_server"],
             "computed": c1["units"]["computed"] - c0["units"]["computed"],
-            "unbilled": c1["units"]["unbilled"],
+            "unbilled": c1["units"]["unbilled"],  # since the proxy started
             "unparsable": c1["unparsable"],
         },
         "exit_codes": codes,

@@ -21,6 +21,8 @@ server volunteers one (dynalite answers realistic figures when asked, moto fixed
   seen; an item never seen yet is billed one unit, and when a later read shows it bigger than
   1 KB the difference is added then (``late_units``).
 * BatchWriteItem: each put and delete as above, less the unprocessed ones.
+* Control-plane requests (DescribeTable...) cost no units (``free``); anything else is counted
+  in ``unbilled`` (the supervisor sends nothing else).
 
 Index writes (a global secondary index whose key or projected attributes change costs one
 more write, two when its key changes) are not billed: the wire shows which attributes an
@@ -45,6 +47,8 @@ from supervisor.adapters.lease_store.billing import read_units, write_units
 
 READ_OPS = ("GetItem", "BatchGetItem", "Query", "Scan")
 WRITE_OPS = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+# Control-plane requests: no read or write units (DynamoDB does not bill them).
+FREE_OPS = ("DescribeTable", "CreateTable", "UpdateTable", "DeleteTable", "ListTables")
 FULL_ITEM = ("ALL_NEW", "ALL_OLD")  # ReturnValues that answer the whole item
 
 Item = Mapping[str, Any]  # an item in DynamoDB's JSON: {"name": {"S": "value"}, ...}
@@ -109,6 +113,7 @@ class WireBill:
     write_units: Counter[str] = attrs.field(factory=Counter)
     from_server: int = 0  # requests billed from the response's ConsumedCapacity
     computed: int = 0  # requests billed from the bodies
+    free: Counter[str] = attrs.field(factory=Counter)  # control-plane requests (no units)
     unbilled: Counter[str] = attrs.field(factory=Counter)  # operations with no rule here
     late_units: float = 0.0  # write units added when a later read showed an item > 1 KB
     sizes: dict[str, int] = attrs.field(factory=dict)
@@ -121,6 +126,7 @@ class WireBill:
             "write_units": dict(self.write_units),
             "from_server": self.from_server,
             "computed": self.computed,
+            "free": dict(self.free),
             "unbilled": dict(self.unbilled),
             "late_units": self.late_units,
         }
@@ -131,6 +137,9 @@ class WireBill:
         """Charge one request. ``response`` is the answer's JSON (an error's too: a failed
         condition is billed like the write it would have been)."""
         self._learn_keys(request, response)
+        if op in FREE_OPS:
+            self.free[op] += 1
+            return
         if op not in READ_OPS and op not in WRITE_OPS:
             self.unbilled[op] += 1
             return

@@ -101,8 +101,13 @@ def test_a_reported_consumed_capacity_wins_and_unknown_operations_are_counted() 
     answer = {"Item": item("a", 10), "ConsumedCapacity": {"CapacityUnits": 7.0}}
     bill.bill("GetItem", "GetItem", request, answer)
     bill.bill("DescribeTable", "DescribeTable", {"TableName": TABLE}, {})
+    bill.bill("TransactWriteItems", "TransactWriteItems", {}, {})
     assert bill.read_units["GetItem"] == 7.0
-    assert (bill.from_server, bill.computed, dict(bill.unbilled)) == (1, 0, {"DescribeTable": 1})
+    assert (bill.from_server, bill.computed) == (1, 0)
+    assert (dict(bill.free), dict(bill.unbilled)) == (
+        {"DescribeTable": 1},
+        {"TransactWriteItems": 1},
+    )
 
 
 @pytest.mark.slow
