@@ -71,15 +71,33 @@ def growth(load: Load) -> Rendered:
         "lease WRU",
     )
     add(table(header, rows, RIGHT * 4 + LEFT + RIGHT + LEFT + RIGHT * 2))
+    codes = [c for r in sizes for c in r.get("exit_codes", {}).values()]
+    failed = [r["workers"] for r in sizes if r.get("not_ok") or r.get("proxy_errors")]
+    add(
+        f"\nStopped with SIGTERM: {sum(c == 0 for c in codes)} of {len(codes)} supervisors "
+        "exited 0. "
+        + (
+            f"Requests that failed or were dropped in the window at {failed} workers (see "
+            "`not_ok` in out/bench/fleet_growth.json)."
+            if failed
+            else "No request failed in any window."
+        )
+    )
     g = data.get("growth") or {}
     summary: list[SummaryRow] = []
     if g:
         verdict = "met" if g["met"] else "**not met**"
         add(
             f"\nRead units per worker-minute at {g['large']} workers ÷ at {g['small']}: "
-            f"**{g['rru_ratio']:.2f}×** (target ≤ {g['target']:g}×: {verdict}). Protocol 1 "
-            "reads every worker item by a consistent BatchGetItem every round: its reads per "
-            "worker grow with the fleet; protocol 2's do not (docs/lease-protocol.md).\n"
+            f"**{g['rru_ratio']:.2f}×** (target ≤ {g['target']:g}×: {verdict}). "
+            + (
+                "Protocol 1 (spoken here) reads every worker item by a consistent BatchGetItem "
+                "every round: its reads per worker grow with the fleet (the BatchGet column); "
+                "protocol 2's do not (docs/lease-protocol.md).\n"
+                if 1 in protocols
+                else "Protocol 2 reads what concerns each worker: watched peers, the meta "
+                "item, its hand-off poll (docs/lease-protocol.md).\n"
+            )
         )
         by_n = {r["workers"]: r["per_worker_minute"]["rru"] for r in sizes}
         summary.append(
