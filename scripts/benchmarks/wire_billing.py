@@ -24,11 +24,15 @@ server volunteers one (dynalite answers realistic figures when asked, moto fixed
 * Control-plane requests (DescribeTable...) cost no units (``free``); anything else is counted
   in ``unbilled`` (the supervisor sends nothing else).
 
-Index writes (a global secondary index whose key or projected attributes change costs one
-more write, two when its key changes) are not billed: the wire shows which attributes an
-update names but not the index definitions. The supervisor's ``roster`` index projects only
-attributes a heartbeat or a checkpoint never writes, so its lease traffic is missing only the
-index writes of takes and releases. Pure bookkeeping: no clock, no I/O.
+Index writes: a write that puts an item into a secondary index, takes it out, or changes an
+attribute the index projects while the item is in it costs one more write unit per index
+(entries are small). The indexes are learnt from the DescribeTable answers passing by (every
+supervisor describes its table at start); which attributes a write changes from the put's
+item or the UpdateExpression; whether the item was in an index from the attribute names last
+seen on the wire. Approximations: a key that changes value costs DynamoDB two writes (a delete
+and a put), one here, as values are not remembered; an item never seen is taken to be outside
+every index unless the update removes an index key; a failed condition writes no index.
+Pure bookkeeping: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +57,73 @@ FREE_OPS = ("DescribeTable", "CreateTable", "UpdateTable", "DeleteTable", "ListT
 FULL_ITEM = ("ALL_NEW", "ALL_OLD")  # ReturnValues that answer the whole item
 
 Item = Mapping[str, Any]  # an item in DynamoDB's JSON: {"name": {"S": "value"}, ...}
+_CLAUSE = re.compile(r"(?<![#:\w.])\b(SET|REMOVE|ADD|DELETE)\b", re.IGNORECASE)
+
+
+@attrs.frozen
+class Index:
+    """A secondary index: its key attributes and what it projects (None: ALL)."""
+
+    name: str
+    keys: frozenset[str]
+    projected: frozenset[str] | None
+
+    @classmethod
+    def from_description(cls, index: Mapping[str, Any], table_keys: frozenset[str]) -> Index:
+        keys = frozenset(k["AttributeName"] for k in index.get("KeySchema", []))
+        projection = index.get("Projection") or {}
+        kind = projection.get("ProjectionType", "ALL")
+        if kind == "ALL":
+            return cls(str(index.get("IndexName", "")), keys, None)
+        extra = (
+            frozenset(projection.get("NonKeyAttributes", [])) if kind == "INCLUDE" else frozenset()
+        )
+        return cls(str(index.get("IndexName", "")), keys, keys | table_keys | extra)
+
+    def writes(
+        self, before: frozenset[str] | None, after: frozenset[str], changed: frozenset[str]
+    ) -> int:
+        """Index writes of one item write: ``before`` / ``after`` its attribute names (None:
+        not known), ``changed`` the attributes the write sets or removes."""
+        was = self.keys <= before if before is not None else bool(self.keys & (changed - after))
+        now = self.keys <= after
+        if was != now:
+            return 1
+        touched = changed if self.projected is None else changed & self.projected
+        return 1 if now and touched else 0
+
+
+def update_targets(
+    expression: str, names: Mapping[str, str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The top-level attributes an UpdateExpression writes, and those it removes."""
+    written: set[str] = set()
+    removed: set[str] = set()
+    parts = _CLAUSE.split(expression)
+    for clause, body in zip(parts[1::2], parts[2::2], strict=False):
+        for action in _top_level(body):
+            kind = clause.upper()
+            target = action.split("=")[0] if kind == "SET" else (action.split() or [""])[0]
+            path = target.strip()
+            name = re.split(r"[.\[]", path)[0]
+            name = names.get(name, name)
+            if not name:
+                continue
+            whole = path == re.split(r"[.\[]", path)[0]
+            (removed if kind == "REMOVE" and whole else written).add(name)
+    return frozenset(written), frozenset(removed)
+
+
+def _top_level(body: str) -> list[str]:
+    """``body`` split at its commas outside parentheses."""
+    pieces, depth, start = [], 0, 0
+    for i, char in enumerate(body):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            pieces.append(body[start:i])
+            start = i + 1
+    pieces.append(body[start:])
+    return [p.strip() for p in pieces if p.strip()]
 
 
 # --- item sizes ---------------------------------------------------------------------------------
@@ -116,8 +188,11 @@ class WireBill:
     free: Counter[str] = attrs.field(factory=Counter)  # control-plane requests (no units)
     unbilled: Counter[str] = attrs.field(factory=Counter)  # operations with no rule here
     late_units: float = 0.0  # write units added when a later read showed an item > 1 KB
+    index_units: float = 0.0  # of the write units: index writes
     sizes: dict[str, int] = attrs.field(factory=dict)
+    names: dict[str, frozenset[str]] = attrs.field(factory=dict)  # item -> attribute names
     _keys: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    _indexes: dict[str, tuple[Index, ...]] = attrs.field(factory=dict)
     _guessed: Counter[str] = attrs.field(factory=Counter)  # item -> updates billed one unit
 
     def as_json(self) -> dict[str, Any]:
@@ -129,6 +204,7 @@ class WireBill:
             "free": dict(self.free),
             "unbilled": dict(self.unbilled),
             "late_units": self.late_units,
+            "index_units": self.index_units,
         }
 
     def bill(
@@ -175,7 +251,7 @@ class WireBill:
         key = self._item_key(table, request.get("Key") or {})
         size = item_size(item) if item else 0
         if item and not _projected(request):
-            self._seen(key, size)
+            self._seen(key, item)
         size = max(size, self.sizes.get(key, 0)) if item else 0
         return read_units([size], bool(request.get("ConsistentRead")), per_item=True)
 
@@ -192,7 +268,7 @@ class WireBill:
                 key = self._key_of(table, item)
                 size = item_size(item)
                 if not _projected(asked):
-                    self._seen(key, size)
+                    self._seen(key, item)
                 sizes.append(max(size, self.sizes.get(key, 0)))
             sizes += [0] * missing
             if sizes:
@@ -207,7 +283,7 @@ class WireBill:
         for item in items:
             size = item_size(item)
             if full:
-                self._seen(self._key_of(table, item), size)
+                self._seen(self._key_of(table, item), item)
             sizes.append(size)
         total = float(sum(sizes))
         count, scanned = int(response.get("Count", len(items))), response.get("ScannedCount")
@@ -220,27 +296,56 @@ class WireBill:
 
     def _write(self, op: str, request: Mapping[str, Any], response: Mapping[str, Any]) -> float:
         table = str(request.get("TableName", ""))
+        new_item: Item = request.get("Item") or {}
         if op == "PutItem":
-            new_item = request.get("Item") or {}
             key = self._key_of(table, new_item)
             new = item_size(new_item)
         else:
             key = self._item_key(table, request.get("Key") or {})
             new = 0
-        old = self.sizes.get(key)
+        old, before = self.sizes.get(key), self.names.get(key)
         shown = response.get("Attributes")
-        if shown and request.get("ReturnValues") in FULL_ITEM:
-            returned = item_size(shown)
-            old = max(old or 0, returned)
-            if op == "UpdateItem":
-                self._seen(key, returned)
-        if op == "PutItem" and not _failed(response):
-            self.sizes[key] = new
-        elif op == "DeleteItem" and not _failed(response):
-            self.sizes.pop(key, None)
-        if old is None and op == "UpdateItem":
+        full = bool(shown) and request.get("ReturnValues") in FULL_ITEM
+        if shown and full:
+            old = max(old or 0, item_size(shown))
+        if old is None and op == "UpdateItem" and not full:
             self._guessed[key] += 1  # billed one unit until a read shows the item
-        return write_units(old or 0, new)
+        units = float(write_units(old or 0, new))
+        if _failed(response):
+            return units
+        if op == "PutItem":
+            after = frozenset(new_item)
+            changed = after | (before or frozenset())
+            self.sizes[key], self.names[key] = new, after
+        elif op == "DeleteItem":
+            after, changed = frozenset(), before or frozenset()
+            self.sizes.pop(key, None)
+            self.names.pop(key, None)
+        else:
+            names = request.get("ExpressionAttributeNames") or {}
+            written, removed = update_targets(str(request.get("UpdateExpression", "")), names)
+            changed = written | removed
+            if shown and request.get("ReturnValues") == "ALL_NEW":
+                after = frozenset(shown)
+                self._seen(key, shown)
+            else:
+                after = ((before or frozenset()) | written) - removed
+                if key and before is not None:
+                    self.names[key] = after
+        return units + self._index_writes(table, before, after, changed)
+
+    def _index_writes(
+        self,
+        table: str,
+        before: frozenset[str] | None,
+        after: frozenset[str],
+        changed: frozenset[str],
+    ) -> float:
+        units = float(
+            sum(index.writes(before, after, changed) for index in self._indexes.get(table, ()))
+        )
+        self.index_units += units
+        return units
 
     def _batch_write(self, request: Mapping[str, Any], response: Mapping[str, Any]) -> float:
         units = 0.0
@@ -251,11 +356,15 @@ class WireBill:
                 if "PutRequest" in entry:
                     item = entry["PutRequest"].get("Item") or {}
                     key = self._key_of(table, item)
+                    before, after = self.names.get(key), frozenset(item)
                     units += write_units(self.sizes.get(key, 0), item_size(item))
-                    self.sizes[key] = item_size(item)
+                    units += self._index_writes(table, before, after, after | (before or after))
+                    self.sizes[key], self.names[key] = item_size(item), after
                 else:
                     key = self._item_key(table, entry.get("DeleteRequest", {}).get("Key") or {})
+                    before = self.names.pop(key, None) or frozenset()
                     units += write_units(self.sizes.pop(key, 0), 0)
+                    units += self._index_writes(table, before, frozenset(), before)
         return units
 
     # --- item identity --------------------------------------------------------------------
@@ -266,6 +375,13 @@ class WireBill:
         if table and described.get("KeySchema"):
             names = tuple(sorted(k["AttributeName"] for k in described["KeySchema"]))
             self._keys[str(table)] = names
+            indexes = [
+                *described.get("GlobalSecondaryIndexes", []),
+                *described.get("LocalSecondaryIndexes", []),
+            ]
+            self._indexes[str(table)] = tuple(
+                Index.from_description(index, frozenset(names)) for index in indexes
+            )
         if table and request.get("Key"):
             self._keys.setdefault(str(table), tuple(sorted(request["Key"])))
         for name, asked in (request.get("RequestItems") or {}).items():
@@ -282,10 +398,12 @@ class WireBill:
             return ""  # not yet known: the item's size is not remembered
         return self._item_key(table, {name: item[name] for name in names})
 
-    def _seen(self, key: str, size: int) -> None:
+    def _seen(self, key: str, item: Item) -> None:
+        """A full item seen on the wire: its size and attribute names."""
         if not key:
             return
-        self.sizes[key] = size
+        size = item_size(item)
+        self.sizes[key], self.names[key] = size, frozenset(item)
         if guessed := self._guessed.pop(key, 0):
             late = (write_units(size, 0) - 1) * guessed
             self.late_units += late

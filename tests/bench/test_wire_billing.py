@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from benchmarks.wire_billing import WireBill, item_size, value_size
+from benchmarks.wire_billing import WireBill, item_size, update_targets, value_size
 
 TABLE = "bench-billing"
 
@@ -113,7 +113,8 @@ def test_a_reported_consumed_capacity_wins_and_unknown_operations_are_counted() 
 @pytest.mark.slow
 def test_the_computed_bill_agrees_with_dynalite_s_own(dynalite_server) -> None:
     """The same requests, once billed from the bodies and once asking dynalite (which bills as
-    DynamoDB does when asked, ``ReturnConsumedCapacity``): the same units, op by op."""
+    DynamoDB does when asked, ``ReturnConsumedCapacity``): the same units, op by op. On a table
+    without an index: dynalite leaves index writes out of its bill."""
     client = boto3.client("dynamodb", endpoint_url=dynalite_server.url, region_name="us-east-1")
     table = "bench-billing-agree"
     client.create_table(
@@ -160,3 +161,60 @@ def test_the_computed_bill_agrees_with_dynalite_s_own(dynalite_server) -> None:
     assert computed.computed == len(requests)
     assert dict(computed.read_units) == dict(reported.read_units)
     assert dict(computed.write_units) == dict(reported.write_units)
+
+
+ROSTER = {  # DescribeTable's answer for a table like the lease table: a sparse INCLUDE index
+    "Table": {
+        "TableName": TABLE,
+        "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": "roster",
+                "KeySchema": [{"AttributeName": "roster", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["epoch"]},
+            }
+        ],
+    }
+}
+
+
+def update(expression: str, **names: str) -> dict:
+    return {
+        "TableName": TABLE,
+        "Key": key("s1"),
+        "UpdateExpression": expression,
+        "ExpressionAttributeNames": {f"#{n}": v for n, v in names.items()},
+    }
+
+
+def test_update_targets_reads_every_clause() -> None:
+    expression = (
+        "SET #a = if_not_exists(#a, :z) + :one, #b = list_append(#b, :l) "
+        "REMOVE #c, #d.e ADD #n :one"
+    )
+    names = {"#a": "a", "#b": "b", "#c": "c", "#d": "d", "#n": "n"}
+    assert update_targets(expression, names) == ({"a", "b", "d", "n"}, {"c"})
+
+
+def test_index_writes_when_an_item_enters_leaves_or_changes_a_projected_attribute() -> None:
+    bill = WireBill()
+    bill.bill("DescribeTable", "DescribeTable", {"TableName": TABLE}, ROSTER)
+    vacant = {"pk": {"S": "s1"}, "roster": {"S": "vacant"}, "epoch": {"N": "1"}}
+    bill.bill("PutItem", "PutItem", {"TableName": TABLE, "Item": vacant}, {})
+    assert bill.write_units["PutItem"] == 1 + 1  # the item and its index entry
+    bill.bill("UpdateItem", "heartbeat", update("SET #c = #c + :one", c="counter"), {})
+    assert bill.write_units["heartbeat"] == 1  # counter is not projected
+    bill.bill("UpdateItem", "other", update("SET #e = :e", e="epoch"), {})
+    assert bill.write_units["other"] == 1 + 1  # a projected attribute of an indexed item
+    take = update("SET #o = :me, #e = :next REMOVE #r", o="owner", e="epoch", r="roster")
+    failed = {"__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException"}
+    bill.bill("UpdateItem", "take", take, failed)
+    assert bill.write_units["take"] == 1  # a failed condition writes no index
+    bill.bill("UpdateItem", "take", take, {})
+    assert bill.write_units["take"] == 1 + 1 + 1  # leaves the index
+    bill.bill("UpdateItem", "checkpoint", update("SET #e = :e", e="epoch"), {})
+    assert bill.write_units["checkpoint"] == 1  # out of the index now
+    release = update("SET #r = :vacant REMOVE #o", r="roster", o="owner")
+    bill.bill("UpdateItem", "release", release, {})
+    assert bill.write_units["release"] == 1 + 1  # back in
+    assert bill.index_units == 4
