@@ -60,6 +60,9 @@ Item = Mapping[str, Any]  # an item in DynamoDB's JSON: {"name": {"S": "value"},
 _CLAUSE = re.compile(r"(?<![#:\w.])\b(SET|REMOVE|ADD|DELETE)\b", re.IGNORECASE)
 
 
+# --- indexes and update expressions -------------------------------------------------------------
+
+
 @attrs.frozen
 class Index:
     """A secondary index: its key attributes and what it projects (None: ALL)."""
@@ -105,12 +108,10 @@ def update_targets(
             kind = clause.upper()
             target = action.split("=")[0] if kind == "SET" else (action.split() or [""])[0]
             path = target.strip()
-            name = re.split(r"[.\[]", path)[0]
-            name = names.get(name, name)
-            if not name:
-                continue
-            whole = path == re.split(r"[.\[]", path)[0]
-            (removed if kind == "REMOVE" and whole else written).add(name)
+            head = re.split(r"[.\[]", path)[0]  # a nested path changes its top attribute
+            name = names.get(head, head)
+            if name:
+                (removed if kind == "REMOVE" and path == head else written).add(name)
     return frozenset(written), frozenset(removed)
 
 
