@@ -148,6 +148,8 @@ async def measure_size(
         "billed": {
             "from_server": c1["units"]["from_server"] - c0["units"]["from_server"],
             "computed": c1["units"]["computed"] - c0["units"]["computed"],
+            "index_units": c1["units"]["index_units"] - c0["units"]["index_units"],
+            "late_units": c1["units"]["late_units"] - c0["units"]["late_units"],
             "unbilled": c1["units"]["unbilled"],  # since the proxy started
             "unparsable": c1["unparsable"],
         },
