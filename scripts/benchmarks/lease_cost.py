@@ -13,9 +13,9 @@ checkpoints excluded (both systems write them; their count is the application's 
   fleet-wide assumed; the own-items backstop (its shards, consistent, every 10 min); and the
   vacant buckets and the sweeper's share, 0.03 RRU.
 * Protocol 1, per worker and second: the heartbeat; each round a consistent BatchGetItem of
-  every worker item (W RRU) and two index queries (0.5 RRU each); the hand-off poll, two index
-  queries every 250 ms (vacant shards, make-before-break requests: as counted on the wire); the
-  full consistent Scan every 60 s of S shard items of about 300 B.
+  every worker item (W RRU) and two index queries (0.5 RRU each); the hand-off poll, one index
+  query every 250 ms (vacant shards and hand-off notices); the full consistent Scan every 60 s
+  of S shard items of about 300 B.
 * KCL 2.x (../shared/reference/anchors.md): 0.302 renewal writes per lease per second, and every
   worker scanning the whole lease table (eventually consistent) every 20.05 s.
 """
@@ -39,7 +39,6 @@ ROUND_S = 2.0
 HANDOFF_POLL_S = 0.25
 FULL_SCAN_S = 60.0
 EVENTUAL, CONSISTENT = 0.5, 1.0  # read units per 4 KB
-P1_POLL_QUERIES = 2  # protocol 1's hand-off poll: vacant shards, then hand-off requests
 SHARD_ITEM_BYTES = 300  # a shard item with its checkpoint, about
 # protocol 2 (docs/lease-protocol.md, *Cost per worker and for the fleet*)
 WATCHED_PEERS = 2
@@ -101,7 +100,7 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
     shards = workers * shards_per_worker
     table_units = shards * SHARD_ITEM_BYTES / READ_BYTES  # 4 KB units of one full read
     heartbeat_wru = 1 / HEARTBEAT_S
-    poll_rru = EVENTUAL / HANDOFF_POLL_S  # protocol 2: one query (successor = me)
+    poll_rru = EVENTUAL / HANDOFF_POLL_S  # one query: successor = me (2), vacant (1)
     p2_rru = (
         WATCHED_PEERS * WATCH_READS_PER_HEARTBEAT / HEARTBEAT_S * EVENTUAL
         + EVENTUAL / ROUND_S  # the meta item
@@ -112,7 +111,7 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
     )
     p1_rru = (
         (w * CONSISTENT + 2 * EVENTUAL) / ROUND_S  # BatchGetItem of every worker, 2 queries
-        + P1_POLL_QUERIES * poll_rru
+        + poll_rru
         + table_units * CONSISTENT / FULL_SCAN_S
     )
     return LeaseCost(
