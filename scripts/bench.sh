@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for every row of docs/benchmarks.md: set-up included (the project's .venv, dynalite
 # from npm, the peers in virtualenvs of their own under out/bench/), everything on 127.0.0.1
-# against moto's DynamoDB server and dynalite, about 15 minutes on 2 cores.
+# against moto's DynamoDB server and dynalite, about 19 minutes on 2 cores.
 #
 #   scripts/bench.sh           full run: waits for the machine to be idle (no other benchmark or
 #                              pytest running, up to BENCH_WAIT_IDLE seconds, default 1200), then
@@ -142,10 +142,11 @@ join() {
 
 if [ "$QUICK" = 1 ]; then
   # Smoke run: every part once, cut to a trial or two; the timer-bound parts in the background.
-  log "quick: fleet + peers, DynamoDB requests, live-only feed in the background (logs in $OUT/)"
+  log "quick: fleet + peers, requests, live-only feed, fleet growth in the background (logs in $OUT/)"
   background fleet "$PY" -m benchmarks.fleet --quick
   background requests "$PY" -m benchmarks.dynamodb_requests --quick
   background live "$PY" -m benchmarks.live --quick
+  background growth "$PY" -m benchmarks.fleet_growth --quick
   log "quick: restart"
   "$PY" -m benchmarks.restart --quick
   log "quick: throughput"
@@ -156,19 +157,21 @@ if [ "$QUICK" = 1 ]; then
   "$PY" -m benchmarks.report --mode quick --run-seconds "$(($(date +%s) - START))"
   log "quick run done: $OUT/benchmarks.md (docs/benchmarks.md is only written by a full run)"
 else
-  log "stage 1/6: failover, hand-off (rows 1, 2), python-dynamodb-lock, supervisord, memory (row 5)"
+  log "stage 1/7: failover, hand-off (rows 1, 2), python-dynamodb-lock, supervisord, memory (row 5)"
   "$PY" -m benchmarks.fleet
   cat "$OUT/memory.log"
-  log "stage 2/6: DynamoDB requests on the wire (row 6)"
+  log "stage 2/7: DynamoDB requests on the wire (row 6)"
   "$PY" -m benchmarks.dynamodb_requests
-  log "stage 3/6: child crash -> writing again (row 3)"
+  log "stage 3/7: child crash -> writing again (row 3)"
   "$PY" -m benchmarks.restart
-  log "stage 4/6: throughput per child (row 4) beside bare trio-websocket and websockets loops"
+  log "stage 4/7: throughput per child (row 4) beside bare trio-websocket and websockets loops"
   "$PY" -m benchmarks.throughput 2>"$OUT/throughput.log"
-  log "stage 5/6: scale on one host (row 7)"
+  log "stage 5/7: scale on one host (row 7)"
   "$PY" -m benchmarks.scale --part scale
-  log "stage 6/6: live-only feed: lost per deploy and host death, writer gap, standby cost (row 8)"
+  log "stage 6/7: live-only feed: lost per deploy and host death, writer gap, standby cost (row 8)"
   "$PY" -m benchmarks.live
+  log "stage 7/7: DynamoDB work per worker at 3, 6, 12 and 24 supervisors on the wire (row 9)"
+  "$PY" -m benchmarks.fleet_growth
   "$PY" -m benchmarks.report $PUBLISH --mode full --run-seconds "$(($(date +%s) - START))"
   log "full run done: ${PUBLISH:+docs/benchmarks.md and }$OUT/benchmarks.md"
 fi

@@ -6,3 +6,6 @@ from __future__ import annotations
 KCL_RENEWALS_PER_LEASE_S = 0.302
 # KCL 2.x, kill -9 with one survivor, default timers, zero network latency (a model).
 KCL_FAILOVER = {"p50": 28.9, "max": 40.9}
+# KCL 2.x: every worker scans the whole lease table every 2 x (failover + 25 ms) = 20.05 s (its
+# taker), and renews each of its leases every 3.308 s (above).
+KCL_SCAN_INTERVAL_S = 20.05

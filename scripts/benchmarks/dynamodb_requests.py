@@ -39,6 +39,7 @@ from benchmarks.fleets import (
     wait_settled,
 )
 from benchmarks.report import sections
+from benchmarks.wire_billing import item_size
 from benchmarks.wire_counter import CONTROL_PATH
 from supervisor.devtools.fleet import Fleet
 from supervisor.devtools.servers import ServerProcess, answers_http, start_server
@@ -147,31 +148,12 @@ async def _count(fleets: list[tuple[Fleet, ServerProcess, float]], window: float
     return results
 
 
-# DynamoDB item size (for the read-unit model): attribute names plus values; numbers take about
-# one byte per two significant digits plus one.
-def _value_size(value: dict[str, Any]) -> int:
-    (kind, inner), = value.items()  # fmt: skip
-    if kind == "S":
-        return len(str(inner).encode())
-    if kind == "N":
-        return len(str(inner).strip("-").replace(".", "").lstrip("0")) // 2 + 1
-    if kind == "M":
-        return 3 + sum(len(k.encode()) + _value_size(v) + 1 for k, v in inner.items())
-    if kind == "L":
-        return 3 + sum(_value_size(v) + 1 for v in inner)
-    return 1
-
-
-def _item_size(item: dict[str, Any]) -> int:
-    return sum(len(k.encode()) + _value_size(v) for k, v in item.items())
-
-
 def item_sizes(fleet: Fleet) -> dict[str, float]:
     """Mean stored size of the worker and shard items (a raw scan: the items as stored)."""
     client = boto3.client("dynamodb", endpoint_url=fleet.ddb_url, region_name="us-east-1")
     items = client.scan(TableName=fleet.table, ConsistentRead=True).get("Items", [])
-    workers = [_item_size(i) for i in items if i.get("kind", {}).get("S") == "worker"]
-    shards = [_item_size(i) for i in items if i.get("kind", {}).get("S") == "shard"]
+    workers = [item_size(i) for i in items if i.get("kind", {}).get("S") == "worker"]
+    shards = [item_size(i) for i in items if i.get("kind", {}).get("S") == "shard"]
     return {
         "worker": statistics.mean(workers) if workers else 0.0,
         "shard": statistics.mean(shards) if shards else 0.0,

@@ -3,8 +3,10 @@
 Every request is forwarded unchanged to ``--upstream`` and counted by its ``X-Amz-Target``
 header (``DynamoDB_20120810.UpdateItem`` -> ``UpdateItem``); UpdateItem bodies are also
 classified by their UpdateExpression (heartbeat, checkpoint, take, release, other), the way
-``benchmarks.dynamodb_requests`` reports DynamoDB requests per worker-minute. ``GET
-/__wire_counter__`` answers the counters as JSON instead of forwarding.
+``benchmarks.dynamodb_requests`` reports DynamoDB requests per worker-minute. Each exchange is
+also billed in read and write units from its request and response bodies
+(``benchmarks.wire_billing``: write units by the same kinds). ``GET /__wire_counter__`` answers
+the counters as JSON instead of forwarding.
 
     python -m benchmarks.wire_counter --upstream http://127.0.0.1:8000 --port 8001
 
@@ -18,9 +20,13 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import gzip
 import json
 import signal
+from typing import Any
 from urllib.parse import urlsplit
+
+from benchmarks.wire_billing import WireBill
 
 CONTROL_PATH = "/__wire_counter__"
 MAX_HEADER = 64 * 1024
@@ -37,9 +43,13 @@ RELEASE = "REMOVE #owner"
 
 def classify_update(body: bytes) -> str:
     try:
-        expression = str(json.loads(body).get("UpdateExpression", "")).strip()
+        return classify_expression(json.loads(body))
     except (ValueError, AttributeError):
         return "unparsable"
+
+
+def classify_expression(request: dict[str, Any]) -> str:
+    expression = str(request.get("UpdateExpression", "")).strip()
     if HEARTBEAT in expression:
         return "heartbeat"
     if expression == CHECKPOINT:
@@ -58,6 +68,8 @@ class Counts:
         self.updates: collections.Counter[str] = collections.Counter()
         self.status: collections.Counter[str] = collections.Counter()  # "Op 200", "Op 400"
         self.errors = 0  # upstream unreachable / broken answers
+        self.bill = WireBill()
+        self.unparsable = 0  # exchanges whose bodies are not JSON (not billed)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -66,7 +78,22 @@ class Counts:
             "updates": dict(self.updates),
             "status": dict(self.status),
             "errors": self.errors,
+            "units": self.bill.as_json(),
+            "unparsable": self.unparsable,
         }
+
+    def charge(self, op: str, body: bytes, answer: bytes) -> None:
+        """Bill one exchange: write units under the update's kind (or the operation)."""
+        try:
+            request, response = json.loads(body or b"{}"), json.loads(answer or b"{}")
+        except ValueError:
+            self.unparsable += 1
+            return
+        if not isinstance(request, dict) or not isinstance(response, dict):
+            self.unparsable += 1
+            return
+        label = classify_expression(request) if op == "UpdateItem" else op
+        self.bill.bill(op, label, request, response)
 
 
 async def read_message(reader: asyncio.StreamReader) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -180,6 +207,12 @@ class Proxy:
             return False  # the client sees a dropped connection, as with a dead server
         code = [*status.split(" "), "?"][1]
         counts.status[f"{op} {code}"] += 1
+        encoding = {n.lower(): v for n, v in rheaders}.get("content-encoding", "")
+        answer = rbody
+        if "gzip" in encoding:
+            with contextlib.suppress(OSError, EOFError):  # left compressed: counted unparsable
+                answer = gzip.decompress(rbody)
+        counts.charge(op, body, answer)
         writer.write(render(status, rheaders, rbody, keep_alive))
         await writer.drain()
         return keep_alive

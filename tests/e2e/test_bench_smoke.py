@@ -27,6 +27,7 @@ HEADINGS = (
     "## 6. DynamoDB requests per worker-minute",
     "## 7. Scale on one host",
     "## 8. Nothing lost on a live-only feed",
+    "## 9. DynamoDB work per worker as the fleet grows",
 )
 
 

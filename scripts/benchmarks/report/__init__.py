@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from benchmarks import harness
-from benchmarks.report import fleet_rows, host_rows, live_rows, requests_rows, throughput_rows
+from benchmarks.report import (
+    fleet_rows,
+    growth_rows,
+    host_rows,
+    live_rows,
+    requests_rows,
+    throughput_rows,
+)
 from benchmarks.report.common import Load, Rendered
 
 
@@ -36,6 +43,7 @@ SECTIONS = (  # in the order of the document
     Section(("requests",), requests_rows.requests),
     Section(("scale",), host_rows.scale),
     Section(("live",), live_rows.live),
+    Section(("fleet_growth",), growth_rows.growth),
     Section(("spawn",), host_rows.spawn, published=False),
 )
 

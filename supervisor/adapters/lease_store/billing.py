@@ -69,20 +69,20 @@ class Meter:
 
     def get(self, op: str, key: str, size: int, *, consistent: bool) -> None:
         self.requests[op] += 1
-        self._read(key, _read_units([size], consistent, per_item=True))
+        self._read(key, read_units([size], consistent, per_item=True))
 
     def batch_get(self, op: str, sizes: dict[str, int], *, consistent: bool) -> None:
         self.requests[op] += 1
         for key, size in sizes.items():
-            self._read(key, _read_units([size], consistent, per_item=True))
+            self._read(key, read_units([size], consistent, per_item=True))
 
     def query(self, op: str, key: str, sizes: Iterable[int], *, consistent: bool = False) -> None:
         self.requests[op] += 1
-        self._read(key, _read_units(list(sizes), consistent, per_item=False))
+        self._read(key, read_units(list(sizes), consistent, per_item=False))
 
     def write(self, op: str, key: str, old_size: int, new_size: int) -> None:
         self.requests[op] += 1
-        self._write(key, max(1, math.ceil(max(old_size, new_size) / WRITE_BYTES)))
+        self._write(key, write_units(old_size, new_size))
 
     def index_write(self, old_key: str | None, new_key: str | None) -> None:
         """An index entry moved from ``old_key`` to ``new_key`` (either may be None)."""
@@ -108,8 +108,15 @@ class Meter:
         )
 
 
-def _read_units(sizes: list[int], consistent: bool, *, per_item: bool) -> float:
+def read_units(sizes: list[int], consistent: bool, *, per_item: bool) -> float:
+    """Read units of one request that read items of ``sizes`` bytes: per item (GetItem,
+    BatchGetItem) or on their sum (Query, Scan); also the wire benchmark's bill."""
     factor = 1.0 if consistent else 0.5
     if per_item:
         return sum(max(1, math.ceil(size / READ_BYTES)) for size in sizes) * factor
     return max(1, math.ceil(sum(sizes) / READ_BYTES)) * factor
+
+
+def write_units(old_size: int, new_size: int) -> int:
+    """Write units of one write: 1 KB units of the larger of the old and new item."""
+    return max(1, math.ceil(max(old_size, new_size) / WRITE_BYTES))

@@ -1,0 +1,56 @@
+"""Row 9's arithmetic (``benchmarks.fleet_growth``) with plain numbers: proxy readings become
+rates per worker-minute, lease traffic leaves checkpoints out, the growth ratio meets or misses
+issue 16's target."""
+
+from __future__ import annotations
+
+import pytest
+from benchmarks.fleet_growth import growth, rates, spread
+
+
+def reading(batch: int, query: int, heartbeat: int, checkpoint: int, rru: float) -> dict:
+    return {
+        "targets": {"BatchGetItem": batch, "Query": query, "UpdateItem": heartbeat + checkpoint},
+        "updates": {"heartbeat": heartbeat, "checkpoint": checkpoint},
+        "units": {
+            "read_units": {"BatchGetItem": rru, "Query": query / 2},
+            "write_units": {"heartbeat": float(heartbeat), "checkpoint": float(checkpoint)},
+        },
+    }
+
+
+def test_rates_are_per_worker_minute_and_lease_traffic_leaves_checkpoints_out() -> None:
+    before = reading(10, 100, 5, 20, 30.0)
+    after = reading(10 + 90, 100 + 1800, 5 + 90, 20 + 360, 30.0 + 270.0)  # 3 workers, 1 min
+    found = rates(before, after, workers=3, seconds=60.0)
+    assert found["requests"] == pytest.approx((90 + 1800 + 90 + 360) / 3)
+    assert found["lease_requests"] == pytest.approx((90 + 1800 + 90) / 3)
+    assert found["reads"] == pytest.approx((90 + 1800) / 3)
+    assert found["rru"] == pytest.approx((270 + 900) / 3)
+    assert found["rru_by_op"] == pytest.approx({"BatchGetItem": 90.0, "Query": 300.0})
+    assert found["wru"] == pytest.approx(150.0)
+    assert found["lease_wru"] == pytest.approx(30.0)
+
+
+def test_spread_is_the_standard_error_of_the_slices() -> None:
+    samples = [
+        (reading(0, 0, 0, 0, 0.0), 0.0),
+        (reading(0, 0, 0, 0, 10.0), 60.0),
+        (reading(0, 0, 0, 0, 30.0), 120.0),
+    ]
+    found = spread(samples, workers=1)
+    assert found["rru_slices"] == pytest.approx([10.0, 20.0])
+    assert found["rru_stderr"] == pytest.approx(5.0)  # stdev 7.07 / sqrt(2)
+
+
+def test_growth_compares_the_largest_fleet_with_the_smallest() -> None:
+    sizes = [
+        {"workers": n, "per_worker_minute": {"rru": rru}}
+        for n, rru in ((6, 441.0), (3, 346.0), (24, 967.0))
+    ]
+    found = growth(sizes)
+    assert (found["small"], found["large"], found["met"]) == (3, 24, False)
+    assert found["rru_ratio"] == pytest.approx(967 / 346)
+    flat = [{"workers": 3, "per_worker_minute": {"rru": 165.0}}]
+    flat.append({"workers": 24, "per_worker_minute": {"rru": 180.0}})
+    assert growth(flat)["met"]
