@@ -8,8 +8,6 @@ store; then what only DynamoDB has: the items stay protocol 1's, and ``init-tabl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import trio
 from helpers.stores import StoreFactory, racing_writes_not_atomic_on
@@ -331,12 +329,3 @@ async def test_the_flip_is_made_when_every_live_worker_advertises_p2(
     change = await store.set_protocol(2)
     assert (change.protocol, change.refused, change.backfilled) == (2, (), 0)
     assert (await store.set_protocol(1)).protocol == 1  # the rollback
-
-
-def test_todays_daemon_does_not_advertise_p2() -> None:
-    """The daemon does not run protocol 2 yet: a fleet of today's workers must refuse the
-    flip (the test above), so no worker may claim the feature."""
-    from supervisor.drivers import daemon
-
-    source = Path(daemon.__file__).read_text(encoding="utf-8")
-    assert "FEATURE_P2" not in source and '"p2"' not in source
