@@ -14,7 +14,7 @@ from helpers.stores import StoreFactory, racing_writes_not_atomic_on
 
 from shard_worker.contract import table as t
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, WorkerIdTaken
-from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore, admin
 from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
 from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
 from supervisor.core.items import ShardItem, WorkerItem
@@ -329,3 +329,18 @@ async def test_the_flip_is_made_when_every_live_worker_advertises_p2(
     change = await store.set_protocol(2)
     assert (change.protocol, change.refused, change.backfilled) == (2, (), 0)
     assert (await store.set_protocol(1)).protocol == 1  # the rollback
+
+
+@pytest.mark.usefixtures("dynamo")
+async def test_a_backfill_write_on_an_item_changed_since_the_scan_reads_it_again(
+    store: DynamoLeaseStore,
+) -> None:
+    """The backfill's write is conditional on what the keys were computed from: an item taken
+    after the scan read it vacant gets the keys of its new state, not the stale ones."""
+    await store.ensure_shard("s1")
+    (scanned,) = (await store._db.request("t", "scan", TableName=store.table))["Items"]
+    await store.take("s1", "a", "", 0, 1.0)  # protocol 1, after the scan
+    await admin._write_keys(store._db, scanned)
+    fleet = store.fleet()
+    assert [s.id for s in await fleet.owned_by("a")] == ["s1"]
+    assert await fleet.vacant_in(bucket("s1", 256)) == ()

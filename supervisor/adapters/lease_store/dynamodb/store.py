@@ -37,6 +37,7 @@ from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, VacantShard, WorkerItem
 
 if TYPE_CHECKING:
+    from supervisor.adapters.lease_store.billing import Meter
     from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
 
 _REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
@@ -86,7 +87,7 @@ class DynamoLeaseStore:
         """``init-table --protocol N``: see ``admin.set_protocol``."""
         return await admin.set_protocol(self._db, protocol)
 
-    def fleet(self, meter: object = None) -> DynamoFleet:
+    def fleet(self, meter: Meter | None = None) -> DynamoFleet:
         """Protocol 2's requests on this table (as ``MemoryLeaseStore.fleet``; ``meter`` is the
         memory store's billing and is ignored: DynamoDB bills itself)."""
         from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
