@@ -152,15 +152,18 @@ class MemoryFleet:
 
     async def vacant_in(self, bucket: int, start: str = "") -> tuple[ShardItem, ...]:
         """``fleet = v#NN AND spot >= :start``, one page (wrapping to the bucket's start): the
-        vacant shards named for nobody that one reader of the bucket looks at this round."""
+        vacant shards named for nobody that one reader of the bucket looks at this round. A
+        short page from ``start`` costs a second query for the wrap, as on DynamoDB."""
         key = keys.vacant_bucket_key(bucket)
         await self._store._enter("vacant_in")
         ordered = sorted(self._table.listed.get(key, ()), key=keys.spot)
-        after = [s for s in ordered if keys.spot(s) >= start]
-        before = ordered[: len(ordered) - len(after)]  # the wrap: each entry once
-        page = [self._table.shards[s] for s in (after + before)[:PAGE]]
-        self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(page))
-        return tuple(page)
+        after = [s for s in ordered if keys.spot(s) >= start][:PAGE]
+        self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(after))
+        wrap: list[str] = []
+        if len(after) < PAGE and start:
+            wrap = [s for s in ordered if keys.spot(s) < start][: PAGE - len(after)]
+            self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(wrap))
+        return tuple(self._table.shards[s] for s in after + wrap)
 
     async def _listed(self, op: str, key: str) -> tuple[ShardItem, ...]:
         found = [self._table.shards[s] for s in sorted(self._table.listed.get(key, ()))]
