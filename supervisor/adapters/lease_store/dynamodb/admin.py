@@ -59,6 +59,9 @@ def _attribute(name: str) -> dict[str, str]:
 
 
 def _index(name: str, keys: tuple[str, ...], projection: tuple[str, ...]) -> dict[str, Any]:
+    """An index whose key attributes are left out of its NonKeyAttributes (always projected,
+    and not accepted there)."""
+    projection = tuple(attribute for attribute in projection if attribute not in keys)
     return {
         "IndexName": name,
         "KeySchema": [
