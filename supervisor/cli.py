@@ -45,7 +45,14 @@ def _parser() -> argparse.ArgumentParser:
 
     with_config("run", "run the supervisor (foreground; SIGTERM drains)")
     with_config("check-config", "validate a config file and print the effective config")
-    with_config("init-table", "create the DynamoDB table if it does not exist")
+    init = with_config("init-table", "create the DynamoDB table if it does not exist")
+    init.add_argument(
+        "--protocol",
+        type=int,
+        choices=(1, 2),
+        help="2: add protocol 2's indexes and attributes, then switch the fleet to it if every "
+        "live worker advertises p2 (else exit 76); 1: switch back (compatibility mode)",
+    )
     status = with_config("status", "show workers and shards as the table has them")
     shown = status.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="machine-readable output")
@@ -163,9 +170,25 @@ def _store(config: Config):
 
 
 def _cmd_init_table(config: Config, args: argparse.Namespace) -> int:
-    created = trio.run(_store(config).ensure_table, True)
-    state = "created" if created else "already exists"
-    print(f"table {config.dynamodb.table}: {state}")
+    table = config.dynamodb.table
+    if args.protocol is None:
+        created = trio.run(_store(config).ensure_table, True)
+        print(f"table {table}: {'created' if created else 'already exists'}")
+        return exit_codes.OK
+    change = trio.run(_store(config).set_protocol, args.protocol)
+    print(f"table {table}: {'created' if change.created else 'already exists'}")
+    if args.protocol == 2:
+        print(f"table {table}: protocol 2's keys written on {change.backfilled} items")
+    if change.refused:
+        print(
+            f"shardvisor: init-table: protocol 2 refused: {len(change.refused)} live worker(s) "
+            f"do not advertise the feature p2: {', '.join(change.refused)}; upgrade or stop "
+            "them, then run this again (the table stays at protocol "
+            f"{change.protocol})",
+            file=sys.stderr,
+        )
+        return exit_codes.FLEET_NOT_READY
+    print(f"table {table}: protocol {change.protocol}")
     return exit_codes.OK
 
 

@@ -46,18 +46,26 @@ HOST, PID, MAX_SHARDS = "host", "pid", "max_shards"
 DRAIN_REQUESTED, MAILBOX, ORPHANED_AT = "drain_requested", "mailbox", "orphaned_at"
 # The shards whose standby child is ready here, what this version can do, its standby cap.
 STANDBYS, FEATURES, MAX_STANDBYS = "standbys", "features", "max_standbys"
+# Protocol 2 (docs/lease-protocol.md, *Fleets of a thousand workers*): the ``fleet`` index's
+# key and sort key (worker and shard items), a worker's generation of its last membership
+# change, the shards it holds as of its last heartbeat, and who declared it dead.
+FLEET, SPOT, MGEN, HELD, DEAD_BY = "fleet", "spot", "mgen", "held", "dead_by"
+# The fleet meta item (``META_PK``): the membership generation and the protocol in force.
+GENERATION, PROTOCOL = "generation", "protocol"
+META_PK = "fleet#meta"
 
 SHARD_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, OWNER, EPOCH, CHECKPOINT, OWNER_SINCE, SUCCESSOR}
     | {RELEASE_REQUESTED, SPEC, REGISTERED_AT, RETIRED_AT, STALE, RECONNECTS}
-    | {HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT}
+    | {HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT, FLEET, SPOT}
 )
 WORKER_ATTRIBUTES = frozenset(
     {KIND, ID, STATE, ROSTER, SESSION, COUNTER, HEARTBEAT_AT, STARTED_AT, HOST, PID}
     | {MAX_SHARDS, DRAIN_REQUESTED, MAILBOX, ORPHANED_AT}
-    | {STANDBYS, FEATURES, MAX_STANDBYS}
+    | {STANDBYS, FEATURES, MAX_STANDBYS, FLEET, SPOT, MGEN, HELD, DEAD_BY}
 )
-ATTRIBUTES = SHARD_ATTRIBUTES | WORKER_ATTRIBUTES
+META_ATTRIBUTES = frozenset({GENERATION, PROTOCOL})
+ATTRIBUTES = SHARD_ATTRIBUTES | WORKER_ATTRIBUTES | META_ATTRIBUTES
 
 # `roster` puts an item in the sparse index of that name: every worker, unowned shards, and
 # owned shards whose owner asked a named successor for a make-before-break hand-off.
@@ -72,12 +80,17 @@ FEATURE_HANDOVER = "handover"
 # `features`: this version lists a hand-off notice with each request and finds requests by it
 # (an owner without it is asked by the `roster = handoff` query, one more per poll).
 FEATURE_HANDOFF_NOTICE = "notice"
+# `features`: this version runs protocol 2 when the meta item says so (and writes its
+# attributes meanwhile); `init-table --protocol 2` flips a fleet only if every live worker
+# advertises it.
+FEATURE_P2 = "p2"
 # What every write that ends an owner's tenure also clears (release, take).
 HANDOFF_ATTRIBUTES = (HANDOFF_STAGE, HANDOFF_FIRST, HANDOFF_AT)
 
 # The states the contract's writes set or test.
 RELEASED, LAST_WILL = "released", "last-will"  # a shard released by its owner / by its child
 ORPHANED, STOPPED = "orphaned", "stopped"  # a worker whose child saw it die / that exited
+DEAD = "dead"  # protocol 2: a worker whose watcher's death notice landed
 
 # A local DynamoDB server (moto, dynalite) checks that a request is signed, not by whom: both
 # processes sign with these when boto3 finds no credentials and an endpoint URL is set.
@@ -123,6 +136,10 @@ def shard_of_notice(notice_id: str) -> str:
     return notice_id.removeprefix(f"{KIND_HANDOFF}#")
 
 
+def meta_key() -> Item:
+    return {PK: string(META_PK)}
+
+
 _NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -137,6 +154,19 @@ def expression_names(*expressions: str) -> dict[str, str]:
                 raise ValueError(f"#{name} in {expression!r} is not an attribute of the table")
             names[f"#{name}"] = name
     return names
+
+
+def equal_or_absent(
+    name: str, value: AttributeValue | None, values: dict[str, AttributeValue], key: str = ""
+) -> str:
+    """A condition that the attribute ``name`` is ``value`` (its placeholder ``:key``, or
+    ``:name``, added to ``values``), or absent if ``value`` is None: DynamoDB has no empty
+    attribute, so "no owner" is an absent one."""
+    if value is None:
+        return f"attribute_not_exists(#{name})"
+    placeholder = f":{key or name}"
+    values[placeholder] = value
+    return f"#{name} = {placeholder}"
 
 
 def fence_values(owner: str, epoch: int) -> dict[str, AttributeValue]:
@@ -163,10 +193,11 @@ class UpdateItem:
             "TableName": table,
             "Key": self.key,
             "UpdateExpression": self.update,
-            "ConditionExpression": self.condition,
             "ExpressionAttributeNames": expression_names(self.update, self.condition),
             "ExpressionAttributeValues": dict(self.values),
         }
+        if self.condition:  # "" only for the meta item's counter (ADD needs no condition)
+            params["ConditionExpression"] = self.condition
         if self.returns:
             params["ReturnValues"] = self.returns
         return params
@@ -176,29 +207,41 @@ def release_shard(
     shard_id: str,
     owner: str,
     epoch: int,
-    checkpoint: Mapping[str, int],
+    checkpoint: Mapping[str, int] | None,
     state: str = RELEASED,
     successor: str = "",
+    fleet: str | None = None,
 ) -> UpdateItem:
     """Give the shard up with its final checkpoint, fenced on owner and epoch. The epoch stays
     (the next take bumps it, so it is never reused); ``roster`` puts the shard back among the
     vacant ones; a named ``successor`` takes it first; a hand-off's stage goes. ``state``:
-    released, quarantined, or last-will (released by the child of a dead supervisor)."""
+    released, quarantined, or last-will (released by the child of a dead supervisor).
+
+    ``checkpoint`` None keeps the stored one. ``fleet`` is protocol 2's index key, computed by
+    the caller (supervisor/core/partition_keys.py): None leaves the attribute alone (protocol
+    1's writers), "" removes it (a shard addressed to a successor is listed under it only)."""
     values = {
         ":vacant": string(ROSTER_VACANT),
-        ":cp": checkpoint_value(checkpoint),
         ":released": string(state),
         **fence_values(owner, epoch),
     }
+    sets = ["#state = :released", "#roster = :vacant"]
+    removes = ["#owner", "#release_requested"]
+    if checkpoint is not None:
+        sets.insert(0, "#checkpoint = :cp")
+        values[":cp"] = checkpoint_value(checkpoint)
     if successor:
+        sets.append("#successor = :successor")
         values[":successor"] = string(successor)
-    update = (
-        "SET #checkpoint = :cp, #state = :released, #roster = :vacant"
-        + (", #successor = :successor" if successor else "")
-        + " REMOVE #owner, #release_requested"
-        + ("" if successor else ", #successor")
-        + "".join(f", #{name}" for name in HANDOFF_ATTRIBUTES)
-    )
+    else:
+        removes.append("#successor")
+    removes += [f"#{name}" for name in HANDOFF_ATTRIBUTES]
+    if fleet:
+        sets.append("#fleet = :fleet")
+        values[":fleet"] = string(fleet)
+    elif fleet is not None:
+        removes.append("#fleet")
+    update = f"SET {', '.join(sets)} REMOVE {', '.join(removes)}"
     return UpdateItem(shard_key(shard_id), update, OWNED_AT_EPOCH, values)
 
 

@@ -37,6 +37,19 @@ class Member:
     mgen: int = 0  # the generation of its last membership change
 
 
+def member_of(worker: WorkerItem, *, held: int, mgen: int) -> Member:
+    """The member a worker item shows in the ``fleet`` index."""
+    return Member(
+        id=worker.id,
+        state=worker.state,
+        max_shards=worker.max_shards,
+        max_standbys=worker.max_standbys,
+        features=worker.features,
+        held=held,
+        mgen=mgen,
+    )
+
+
 def announces(old: Member | None, new: Member) -> bool:
     """Whether going from ``old`` to ``new`` is a membership change (the generation must move):
     a join, a state change, a new cap or feature set; not a change of ``held``."""

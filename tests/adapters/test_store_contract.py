@@ -6,13 +6,12 @@ The drivers are tested on the memory store only, so it must agree with DynamoDB 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import attrs
 import boto3
 import pytest
 import trio
 import trio.testing
+from helpers.stores import REGION, StoreFactory, racing_writes_not_atomic_on
 from moto import mock_aws
 
 from supervisor.adapters.lease_store.base import (
@@ -27,31 +26,7 @@ from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
 from supervisor.core.items import HandoffRequest, ShardItem, Vacancies, VacantShard, WorkerItem
 
-REGION = "us-east-1"
 RACE_ROUNDS = 20
-
-StoreFactory = Callable[[], LeaseStore]
-
-
-@pytest.fixture(params=["memory", "moto-mock", "moto-server", "dynalite"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def make_store(
-    backend: str, request: pytest.FixtureRequest, table_name: str
-) -> Iterator[StoreFactory]:
-    """Makes stores on one and the same table: each is a separate worker's handle."""
-    if backend == "memory":
-        yield MemoryLeaseStore().peer
-    elif backend == "moto-mock":
-        with mock_aws():
-            yield lambda: DynamoLeaseStore(table_name, REGION)
-    else:
-        fixture = "moto_server" if backend == "moto-server" else "dynalite_server"
-        url = request.getfixturevalue(fixture).url
-        yield lambda: DynamoLeaseStore(table_name, REGION, url)
 
 
 @pytest.fixture
@@ -157,16 +132,7 @@ async def test_ensure_shard_is_idempotent(store: LeaseStore) -> None:
 async def test_racing_takes_exactly_one_wins(
     make_store: StoreFactory, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    if backend == "moto-mock":
-        # Seen here: about 1 race in 300 lets both win. DynamoDB and dynalite serialize writes
-        # to an item; moto's in-process mock checks the condition and writes without a lock,
-        # and our store calls it from several threads. (The moto *server* used here serves one
-        # request at a time and passes: supervisor/devtools/local_dynamodb.py.)
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="moto's in-process mock: conditional writes not atomic across threads"
-            )
-        )
+    racing_writes_not_atomic_on(backend, request)
     stores = {"wa": make_store(), "wb": make_store()}
     await stores["wa"].ensure_table(create=True)
     winners: dict[str, str] = {}

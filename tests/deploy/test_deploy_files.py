@@ -60,6 +60,10 @@ from supervisor.adapters.lease_store.dynamodb import (
     DynamoLeaseStore,
     roster_index_definition,
 )
+from supervisor.adapters.lease_store.dynamodb.admin import (
+    fleet_index_definition,
+    successor_index_definition,
+)
 from supervisor.cli import main as cli_main
 from supervisor.config.model import SupervisorConfig
 
@@ -657,6 +661,15 @@ def test_table_doc_matches_the_code() -> None:
     assert f"`{ROSTER_INDEX}`" in doc and '`["id", "kind", "epoch", "successor"]`' in doc
     for value in ('roster = "worker"', 'roster = "vacant"', "`counter`"):
         assert value in doc
+
+
+def test_table_doc_gives_protocol_2s_indexes_as_the_code_defines_them() -> None:
+    doc = TABLE_DOC.read_text()
+    for index in (fleet_index_definition(), successor_index_definition()):
+        keys = index["KeySchema"]
+        projected = json.dumps(index["Projection"]["NonKeyAttributes"])
+        assert f"**`{index['IndexName']}`**: HASH `{keys[0]['AttributeName']}` (S)" in doc
+        assert f"NonKeyAttributes `{projected}`" in doc
 
 
 def test_docs_links_resolve() -> None:

@@ -19,7 +19,7 @@ from supervisor.adapters.lease_store.base import LeaseConflict, WorkerIdTaken
 from supervisor.adapters.lease_store.billing import Meter, item_size
 from supervisor.core import partition_keys as keys
 from supervisor.core.items import ShardItem, WorkerItem
-from supervisor.core.membership import Member
+from supervisor.core.membership import Member, member_of
 from supervisor.core.peer_watch import Seen
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class MemoryFleet:
         old = self._table.members.get(worker.id)
         self.meter.write("register_worker", _pk("worker", worker.id), 0, item_size(new))
         generation = await self._bump()
-        self._set_member(_member(new, held=0, mgen=generation))
+        self._set_member(member_of(new, held=0, mgen=generation))
         key = keys.worker_key(worker.id)
         self.meter.index_write(key if old else None, key)
         return new
@@ -122,8 +122,9 @@ class MemoryFleet:
         self.meter.get("watch_read", _pk("worker", worker_id), size, consistent=consistent)
         return None if item is None else Seen(item.counter, item.session, item.state)
 
-    async def death_notice(self, worker_id: str, counter: int, session: str) -> bool:
-        """``state = dead`` on ``counter = :c AND session = :s AND state <> dead``; announced."""
+    async def death_notice(self, worker_id: str, counter: int, session: str, by: str = "") -> bool:
+        """``state = dead`` on ``counter = :c AND session = :s AND state <> dead``; announced.
+        (``by``, the watcher, is recorded by DynamoDB's ``dead_by`` only.)"""
         table = await self._store._enter("death_notice")
         item = table.workers.get(worker_id)
         self.meter.write("death_notice", _pk("worker", worker_id), item_size(item), 0)
@@ -151,14 +152,18 @@ class MemoryFleet:
 
     async def vacant_in(self, bucket: int, start: str = "") -> tuple[ShardItem, ...]:
         """``fleet = v#NN AND spot >= :start``, one page (wrapping to the bucket's start): the
-        vacant shards named for nobody that one reader of the bucket looks at this round."""
+        vacant shards named for nobody that one reader of the bucket looks at this round. A
+        short page from ``start`` costs a second query for the wrap, as on DynamoDB."""
         key = keys.vacant_bucket_key(bucket)
         await self._store._enter("vacant_in")
         ordered = sorted(self._table.listed.get(key, ()), key=keys.spot)
-        after = [s for s in ordered if keys.spot(s) >= start]
-        page = [self._table.shards[s] for s in (after + ordered)[:PAGE]]
-        self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(page))
-        return tuple(page)
+        after = [s for s in ordered if keys.spot(s) >= start][:PAGE]
+        self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(after))
+        wrap: list[str] = []
+        if len(after) < PAGE and start:
+            wrap = [s for s in ordered if keys.spot(s) < start][: PAGE - len(after)]
+            self.meter.query("vacant_in", f"fleet:{key}", [_ENTRY_BYTES] * len(wrap))
+        return tuple(self._table.shards[s] for s in after + wrap)
 
     async def _listed(self, op: str, key: str) -> tuple[ShardItem, ...]:
         found = [self._table.shards[s] for s in sorted(self._table.listed.get(key, ()))]
@@ -166,8 +171,10 @@ class MemoryFleet:
         return tuple(found)
 
     async def ensure_shards(self, shard_ids: list[str]) -> None:
-        """Create the missing shard items, vacant (BatchWriteItem, 25 a request, each put
-        conditional on ``attribute_not_exists(pk)``): the configured shards at a cold start."""
+        """Create the missing shard items, vacant: the configured shards at a cold start.
+        Billed as 25 puts a request; DynamoDB's store (dynamodb/fleet.py) finds the missing
+        ones with a BatchGetItem and puts each conditionally (BatchWriteItem has no
+        conditions), which costs the same write units and more requests."""
         for start in range(0, len(shard_ids), 25):
             await self._store._enter("ensure_shards")
             for shard_id in shard_ids[start : start + 25]:
@@ -245,15 +252,3 @@ class MemoryFleet:
         if now is not None:
             table.addressed.setdefault(now, set()).add(new.id)
         table.shards[new.id] = new
-
-
-def _member(worker: WorkerItem, *, held: int, mgen: int) -> Member:
-    return Member(
-        id=worker.id,
-        state=worker.state,
-        max_shards=worker.max_shards,
-        max_standbys=worker.max_standbys,
-        features=worker.features,
-        held=held,
-        mgen=mgen,
-    )

@@ -5,7 +5,9 @@
 - ``codec``: items <-> AttributeValues (pure), on the table's contract
   (``shard_worker.contract.table``: keys, attribute names, the fenced release);
 - ``admin``: create the table, add the ``roster`` index to an older one, wait until ACTIVE;
-- ``store``: ``DynamoLeaseStore``, the lease operations, each a thin composition of the above.
+  protocol 2's indexes, meta item, backfill and flip (``init-table --protocol``);
+- ``store``: ``DynamoLeaseStore``, the lease operations, each a thin composition of the above;
+- ``fleet``: ``DynamoFleet`` (``DynamoLeaseStore.fleet()``), protocol 2's requests.
 """
 
 from supervisor.adapters.lease_store.dynamodb.admin import ROSTER_INDEX, roster_index_definition

@@ -13,7 +13,9 @@ from collections.abc import Iterator, Mapping
 from shard_worker.contract import table as t
 from shard_worker.contract.table import AttributeValue, Item, checkpoint_value, number, string
 from supervisor.adapters.lease_store.base import LeaseStoreError
+from supervisor.core import partition_keys as keys
 from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
+from supervisor.core.membership import Member, member_of
 
 
 def _with_strings(item: Item, **strings: str) -> Item:
@@ -61,6 +63,32 @@ def new_shard_item(shard_id: str) -> Item:
     }
 
 
+def worker_fleet(worker_id: str, mgen: int, held: int) -> Item:
+    """Protocol 2's attributes of a worker item: its ``fleet`` bucket and ``spot`` (so the
+    index lists it), the generation of its last membership change, the shards it holds."""
+    return {
+        t.FLEET: string(keys.worker_key(worker_id)),
+        t.SPOT: string(keys.spot(worker_id)),
+        t.MGEN: number(mgen),
+        t.HELD: number(held),
+    }
+
+
+def shard_fleet(shard_id: str) -> Item:
+    """A new (vacant) shard's protocol-2 attributes: its vacant bucket and ``spot``."""
+    return {
+        t.FLEET: string(keys.vacant_key(shard_id)),
+        t.SPOT: string(keys.spot(shard_id)),
+    }
+
+
+def member_from(item: Item) -> Member:
+    """A worker item as the ``fleet`` index projects it."""
+    with _decoding(item):
+        held, mgen = read_int(item, t.HELD), read_int(item, t.MGEN)
+    return member_of(worker_from(item), held=held, mgen=mgen)
+
+
 def read_str(item: Item, name: str) -> str:
     return str(item[name]["S"]) if name in item else ""
 
@@ -71,6 +99,11 @@ def read_int(item: Item, name: str) -> int:
 
 def read_float(item: Item, name: str) -> float:
     return float(item[name]["N"]) if name in item else 0.0
+
+
+def read_features(item: Item) -> frozenset[str]:
+    """A worker's advertised features (a string set; absent when it has none)."""
+    return frozenset(item.get(t.FEATURES, {"SS": []})["SS"])
 
 
 def read_seqs(item: Item, name: str) -> dict[str, int]:
@@ -118,7 +151,7 @@ def worker_from(item: Item) -> WorkerItem:
             mailbox=read_int(item, t.MAILBOX),
             standbys=tuple(str(v["S"]) for v in item.get(t.STANDBYS, {"L": []})["L"]),
             max_standbys=read_int(item, t.MAX_STANDBYS),
-            features=frozenset(item.get(t.FEATURES, {"SS": []})["SS"]),
+            features=read_features(item),
         )
 
 

@@ -11,7 +11,7 @@ import collections
 import contextlib
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -43,6 +43,10 @@ from supervisor.core.items import (
     VacantShard,
     WorkerItem,
 )
+
+if TYPE_CHECKING:
+    from supervisor.adapters.lease_store.billing import Meter
+    from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
 
 _REGISTER_ATTEMPTS = 5  # read-then-conditional-put rounds before register_worker gives up
 _BATCH_GET_KEYS = 100  # BatchGetItem's limit per request
@@ -83,12 +87,28 @@ class DynamoLeaseStore:
 
     # --- table ------------------------------------------------------------------------------
 
-    async def ensure_table(self, create: bool) -> bool:
-        return await admin.ensure_table(self._db, create)
+    async def ensure_table(self, create: bool, protocol: int = 1) -> bool:
+        """``protocol`` 2 wants protocol 2's indexes too (``init-table --protocol 2``)."""
+        return await admin.ensure_table(self._db, create, protocol)
+
+    async def set_protocol(self, protocol: int) -> admin.ProtocolChange:
+        """``init-table --protocol N``: see ``admin.set_protocol``."""
+        return await admin.set_protocol(self._db, protocol)
+
+    def fleet(self, meter: Meter | None = None) -> DynamoFleet:
+        """Protocol 2's requests on this table (as ``MemoryLeaseStore.fleet``; ``meter`` is the
+        memory store's billing and is ignored: DynamoDB bills itself)."""
+        from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
+
+        return DynamoFleet(self, self._db)
 
     # --- workers ----------------------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerItem) -> WorkerItem:
+        return await self.register(worker, {})
+
+    async def register(self, worker: WorkerItem, extra: Item) -> WorkerItem:
+        """register_worker, putting ``extra`` attributes with the item (protocol 2's join)."""
         for _ in range(_REGISTER_ATTEMPTS):
             response = await self._db.request(
                 "register_worker",
@@ -115,7 +135,7 @@ class DynamoLeaseStore:
                     "register_worker",
                     "put_item",
                     TableName=self.table,
-                    Item=codec.worker_item(new),
+                    Item={**codec.worker_item(new), **extra},
                     **condition,
                 )
             except LeaseConflict:
@@ -216,7 +236,7 @@ class DynamoLeaseStore:
         keys = [{t.PK: item[t.PK]} for item in listed]
         workers: list[WorkerItem] = []
         for start in range(0, len(keys), _BATCH_GET_KEYS):
-            items = await self._batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS])
+            items = await self.batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS])
             workers += [codec.worker_from(item) for item in items]
         return tuple(sorted(workers, key=lambda w: w.id))
 
@@ -236,23 +256,47 @@ class DynamoLeaseStore:
 
     async def _query_roster(self, op: str, value: str) -> list[Item]:
         """Every item the sparse index lists under ``value`` (keys and projected attributes)."""
-        found: list[Item] = []
+        return await self.query_index(op, admin.ROSTER_INDEX, t.ROSTER, value)
+
+    async def query_index(
+        self,
+        op: str,
+        index: str,
+        key: str,
+        value: str,
+        *,
+        limit: int = 0,
+        pages: int = _INDEX_PAGES,
+        sort: str = "",
+        sort_values: Item | None = None,
+    ) -> list[Item]:
+        """What ``index`` lists under ``key = value`` (keys and projected attributes), page by
+        page (``Limit`` = ``limit`` items a page, if given), at most ``pages`` pages: more is
+        an error, except with ``pages = 1``, one bounded read. ``sort`` adds a condition on
+        the index's sort key (``#spot >= :start``, its values in ``sort_values``)."""
+        condition = f"#{key} = :value" + (f" AND {sort}" if sort else "")
         params: dict[str, Any] = {
             "TableName": self.table,
-            "IndexName": admin.ROSTER_INDEX,
-            "KeyConditionExpression": "#roster = :value",
-            "ExpressionAttributeNames": expression_names("#roster = :value"),
-            "ExpressionAttributeValues": {":value": string(value)},
+            "IndexName": index,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": expression_names(condition),
+            "ExpressionAttributeValues": {":value": string(value), **(sort_values or {})},
         }
-        for _ in range(_INDEX_PAGES):
+        if limit:
+            params["Limit"] = limit
+        return await self._pages(op, params, pages)
+
+    async def _pages(self, op: str, params: dict[str, Any], pages: int) -> list[Item]:
+        found: list[Item] = []
+        for _ in range(pages):
             page = await self._db.request(op, "query", **params)
             found += page.get("Items", [])
-            if not page.get("LastEvaluatedKey"):
+            if not page.get("LastEvaluatedKey") or pages == 1:
                 return found
             params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        raise LeaseStoreError(f"{op}: more than {_INDEX_PAGES} pages in the roster index")
+        raise LeaseStoreError(f"{op}: more than {pages} pages in the {params['IndexName']} index")
 
-    async def _batch_get(self, op: str, keys: list[Item]) -> list[Item]:
+    async def batch_get(self, op: str, keys: list[Item]) -> list[Item]:
         """Strongly consistent: liveness is judged on these counters, never on stale ones."""
         items: list[Item] = []
         request: dict[str, Any] = {self.table: {"Keys": keys, "ConsistentRead": True}}
@@ -290,43 +334,26 @@ class DynamoLeaseStore:
     # --- shards -----------------------------------------------------------------------------
 
     async def ensure_shard(self, shard_id: str) -> None:
-        # Already there: keep its owner, epoch and checkpoint.
+        await self.create_shard("ensure_shard", shard_id, {})
+
+    async def create_shard(self, op: str, shard_id: str, extra: Item) -> None:
+        """A new shard item with ``extra`` attributes; one already there keeps its owner,
+        epoch and checkpoint (the put is conditional on its absence)."""
         with contextlib.suppress(LeaseConflict):
             await self._db.request(
-                "ensure_shard",
+                op,
                 "put_item",
                 TableName=self.table,
-                Item=codec.new_shard_item(shard_id),
+                Item={**codec.new_shard_item(shard_id), **extra},
                 ConditionExpression="attribute_not_exists(pk)",
             )
 
     async def take(
         self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
     ) -> ShardItem:
-        if not me:
-            raise ValueError("take: the new owner must not be empty")
-        values = {
-            ":me": string(me),
-            ":expected_epoch": number(expected_epoch),
-            ":next": number(expected_epoch + 1),
-            ":now": number(wall_now),
-            ":running": string("running"),
-        }
-        if expected_owner:
-            owner_condition = "#owner = :expected_owner"
-            values[":expected_owner"] = string(expected_owner)
-        else:
-            owner_condition = "attribute_not_exists(#owner)"
-        update = UpdateItem(
-            shard_key(shard_id),
-            "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-            " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
-            + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
-            f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
-            values,
-            returns="ALL_NEW",
+        response = await self._update(
+            "take", take_update(shard_id, me, expected_owner, expected_epoch, wall_now)
         )
-        response = await self._update("take", update)
         return codec.shard_from(response["Attributes"])
 
     async def checkpoint(
@@ -550,7 +577,7 @@ class DynamoLeaseStore:
         keys = [shard_key(shard_id) for shard_id in sorted(set(shard_ids))]
         found: dict[str, ShardItem] = {}
         for start in range(0, len(keys), _BATCH_GET_KEYS):
-            for item in await self._batch_get("read_shards", keys[start : start + _BATCH_GET_KEYS]):
+            for item in await self.batch_get("read_shards", keys[start : start + _BATCH_GET_KEYS]):
                 shard = codec.shard_from(item)
                 found[shard.id] = shard
         return found
@@ -559,3 +586,39 @@ class DynamoLeaseStore:
         listed = await self._query_roster("handoff_requests", t.ROSTER_HANDOFF)
         requests = (codec.handoff_request_from(item) for item in listed)
         return tuple(sorted(requests, key=lambda r: r.id))
+
+
+def take_update(
+    shard_id: str,
+    me: str,
+    expected_owner: str,
+    expected_epoch: int,
+    wall_now: float,
+    fleet: str = "",
+) -> UpdateItem:
+    """The take: owner and epoch as observed (no owner: unowned), never a retired shard; the
+    epoch rises. ``fleet``: protocol 2's index key for the new owner (``own#<me>``), if set."""
+    if not me:
+        raise ValueError("take: the new owner must not be empty")
+    values = {
+        ":me": string(me),
+        ":expected_epoch": number(expected_epoch),
+        ":next": number(expected_epoch + 1),
+        ":now": number(wall_now),
+        ":running": string("running"),
+    }
+    expected = string(expected_owner) if expected_owner else None
+    owner_condition = t.equal_or_absent(t.OWNER, expected, values, "expected_owner")
+    sets = "#owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
+    if fleet:
+        sets += ", #fleet = :fleet"
+        values[":fleet"] = string(fleet)
+    return UpdateItem(
+        shard_key(shard_id),
+        f"SET {sets}"
+        " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
+        + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
+        f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
+        values,
+        returns="ALL_NEW",
+    )

@@ -1,0 +1,285 @@
+"""Protocol 2's requests on the DynamoDB table: ``MemoryFleet``'s methods, each a real request.
+
+docs/lease-protocol.md, *Fleets of a thousand workers (protocol 2)*, is the design; this is
+its adapter. Worker and shard items are protocol 1's items (protocol-1 code keeps reading
+them) with protocol 2's attributes added: ``fleet`` and ``spot`` (the ``fleet`` index's keys,
+from supervisor/core/partition_keys.py), ``mgen``, ``held`` and ``dead_by``; the meta item
+``fleet#meta`` carries ``generation`` and ``protocol``. Every request goes through
+``DynamoClient.request`` (counted, bounded, errors mapped once). Index reads are eventually
+consistent (as every GSI read is): a stale listing costs a failed conditional write, never
+safety, since every write that moves a lease is conditional on the owner and epoch observed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from shard_worker.contract import table as t
+from shard_worker.contract.table import Item, UpdateItem, number, shard_key, string, worker_key
+from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError, WorkerIdTaken
+from supervisor.adapters.lease_store.dynamodb import admin, codec
+from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
+from supervisor.adapters.lease_store.dynamodb.store import take_update
+from supervisor.core import partition_keys as keys
+from supervisor.core.items import ShardItem, WorkerItem
+from supervisor.core.membership import Member
+from supervisor.core.peer_watch import Seen
+
+if TYPE_CHECKING:
+    from supervisor.adapters.lease_store.dynamodb.store import DynamoLeaseStore
+
+PAGE = 100  # items per page of an index query (the design's Limit)
+_GET_KEYS = 100  # BatchGetItem's limit per request
+# A worker item's state is absent only if written without one; such an item is not dead.
+_NOT_DEAD = "(attribute_not_exists(#state) OR #state <> :dead)"
+
+
+class DynamoFleet:
+    """Protocol 2 on a DynamoLeaseStore's table (``DynamoLeaseStore.fleet()``)."""
+
+    def __init__(self, store: DynamoLeaseStore, db: DynamoClient) -> None:
+        self._store = store
+        self._db = db
+        self.table = store.table
+
+    async def _update(self, op: str, update: UpdateItem) -> dict[str, Any]:
+        return await self._db.request(op, "update_item", **update.params(self.table))
+
+    async def _get(self, op: str, key: Item, names: tuple[str, ...], consistent: bool) -> Item:
+        """The item's ``names`` ({} if there is no item)."""
+        response = await self._db.request(
+            op,
+            "get_item",
+            TableName=self.table,
+            Key=key,
+            ConsistentRead=consistent,
+            ProjectionExpression=", ".join(f"#{name}" for name in names),
+            ExpressionAttributeNames={f"#{name}": name for name in names},
+        )
+        return dict(response.get("Item", {}))
+
+    async def _conditional(self, op: str, update: UpdateItem) -> bool:
+        """A conditional write whose failed condition is an answer (False), not an error."""
+        try:
+            await self._update(op, update)
+        except LeaseConflict:
+            return False
+        return True
+
+    # --- membership -------------------------------------------------------------------------
+
+    async def read_generation(self) -> int:
+        """The meta item, eventually consistent (one small GetItem every round)."""
+        item = await self._get("read_generation", t.meta_key(), (t.GENERATION,), False)
+        return codec.read_int(item, t.GENERATION)
+
+    async def _bump(self, op: str) -> int:
+        """``ADD generation 1`` on the meta item (creating it if absent); the new value."""
+        update = UpdateItem(
+            t.meta_key(), "ADD #generation :one", "", {":one": number(1)}, returns="UPDATED_NEW"
+        )
+        response = await self._update(op, update)
+        return codec.read_int(response["Attributes"], t.GENERATION)
+
+    async def join(self, worker: WorkerItem) -> WorkerItem:
+        """Announce, then register: the generation moves first and the item carries it as
+        ``mgen`` (a reader that sees the new generation before the item re-reads once more)."""
+        generation = await self._bump("join")
+        return await self._store.register(worker, codec.worker_fleet(worker.id, generation, 0))
+
+    async def heartbeat(self, worker_id: str, session: str, state: str, held: int) -> int:
+        """Counter + 1 on ``session AND state <> dead``; a changed state is announced (the
+        generation moves, then ``mgen``). WorkerIdTaken if the session is not ours any more,
+        LeaseConflict if we were declared dead."""
+        update = UpdateItem(
+            worker_key(worker_id),
+            "SET #counter = #counter + :one, #state = :state, #held = :held",
+            f"#session = :session AND {_NOT_DEAD}",
+            {
+                ":one": number(1),
+                ":state": string(state),
+                ":held": number(held),
+                ":session": string(session),
+                ":dead": string(t.DEAD),
+            },
+            returns="ALL_OLD",
+        )
+        try:
+            old = (await self._update("heartbeat", update))["Attributes"]
+        except LeaseConflict as exc:
+            raise await self._refused(worker_id, session) from exc
+        if codec.read_str(old, t.STATE) != state:
+            generation = await self._bump("heartbeat")
+            announce = UpdateItem(
+                worker_key(worker_id),
+                "SET #mgen = :generation",
+                "#session = :session",
+                {":generation": number(generation), ":session": string(session)},
+            )
+            await self._update("heartbeat", announce)
+        return codec.read_int(old, t.COUNTER) + 1
+
+    async def _refused(self, worker_id: str, session: str) -> LeaseStoreError:
+        """Why a heartbeat's condition failed: another session, or a death notice (one
+        consistent read, made only when it failed)."""
+        item = await self._get("heartbeat", worker_key(worker_id), (t.SESSION, t.STATE), True)
+        if codec.read_str(item, t.SESSION) != session:
+            return WorkerIdTaken(f"worker item {worker_id} no longer carries session {session}")
+        return LeaseConflict(f"worker {worker_id} was declared dead")
+
+    async def read_members(self) -> tuple[Member, ...]:
+        """Every worker bucket of the fleet index (one query each, paged), at most the client's
+        concurrency at once."""
+        found: list[Member] = []
+
+        async def bucket(key: str) -> None:
+            items = await self._store.query_index(
+                "read_members", admin.FLEET_INDEX, t.FLEET, key, limit=PAGE
+            )
+            found.extend(codec.member_from(item) for item in items)
+
+        async with trio.open_nursery() as nursery:
+            for key in keys.worker_keys():
+                nursery.start_soon(bucket, key)
+        return tuple(sorted(found, key=lambda m: m.id))
+
+    # --- liveness ---------------------------------------------------------------------------
+
+    async def watch_read(self, worker_id: str, *, consistent: bool) -> Seen | None:
+        names = (t.COUNTER, t.SESSION, t.STATE)
+        item = await self._get("watch_read", worker_key(worker_id), names, consistent)
+        if not item:
+            return None
+        read = codec.read_str
+        return Seen(codec.read_int(item, t.COUNTER), read(item, t.SESSION), read(item, t.STATE))
+
+    async def death_notice(self, worker_id: str, counter: int, session: str, by: str = "") -> bool:
+        """``state = dead`` on ``counter = :c AND session = :s AND state <> dead``, after
+        raising the generation (a notice that then fails leaves a spurious bump: one re-read
+        for the fleet, nothing else). ``by``: the watcher, recorded as ``dead_by``."""
+        generation = await self._bump("death_notice")
+        values = {
+            ":dead": string(t.DEAD),
+            ":generation": number(generation),
+            ":counter": number(counter),
+            ":session": string(session),
+        }
+        sets = "#state = :dead, #mgen = :generation"
+        if by:
+            sets += ", #dead_by = :by"
+            values[":by"] = string(by)
+        condition = f"#counter = :counter AND #session = :session AND {_NOT_DEAD}"
+        update = UpdateItem(worker_key(worker_id), f"SET {sets}", condition, values)
+        return await self._conditional("death_notice", update)
+
+    # --- shards -----------------------------------------------------------------------------
+
+    async def _listed(self, op: str, index: str, key: str, value: str) -> tuple[ShardItem, ...]:
+        items = await self._store.query_index(op, index, key, value, limit=PAGE)
+        return tuple(sorted((codec.shard_from(item) for item in items), key=lambda s: s.id))
+
+    async def owned_by(self, owner: str) -> tuple[ShardItem, ...]:
+        """``fleet = own#<owner>``, paged: a dead worker's shards, for its watchers (as the
+        index projects them: no checkpoint, no spec)."""
+        return await self._listed("owned_by", admin.FLEET_INDEX, t.FLEET, keys.owned_key(owner))
+
+    async def addressed_to(self, me: str) -> tuple[ShardItem, ...]:
+        """``successor = <me>``, paged: the hand-off poll."""
+        return await self._listed("addressed_to", admin.SUCCESSOR_INDEX, t.SUCCESSOR, me)
+
+    async def vacant_in(self, bucket: int, start: str = "") -> tuple[ShardItem, ...]:
+        """``fleet = v#NNN AND spot >= :start``, one page; if that page is short, the rest of
+        it from the bucket's beginning (``spot < :start``): one reader's look at the bucket."""
+        key = keys.vacant_bucket_key(bucket)
+        page = await self._vacant_page(key, ">=", start, PAGE)
+        if len(page) < PAGE and start:
+            page += await self._vacant_page(key, "<", start, PAGE - len(page))
+        return tuple(codec.shard_from(item) for item in page)
+
+    async def _vacant_page(self, key: str, compare: str, start: str, limit: int) -> list[Item]:
+        sort, values = "", None
+        if start:
+            sort, values = f"#spot {compare} :start", {":start": string(start)}
+        return await self._store.query_index(
+            "vacant_in",
+            admin.FLEET_INDEX,
+            t.FLEET,
+            key,
+            limit=limit,
+            pages=1,
+            sort=sort,
+            sort_values=values,
+        )
+
+    async def ensure_shards(self, shard_ids: list[str]) -> None:
+        """Create the missing shard items, vacant: a consistent BatchGetItem of 100 ids finds
+        them, then one PutItem each, conditional on ``attribute_not_exists(pk)``
+        (BatchWriteItem takes no condition, and an unconditional put over a shard taken
+        meanwhile would reset its owner and epoch)."""
+        for start in range(0, len(shard_ids), _GET_KEYS):
+            chunk = sorted(set(shard_ids[start : start + _GET_KEYS]))
+            found = await self._store.batch_get("ensure_shards", [shard_key(s) for s in chunk])
+            there = {codec.read_str(item, t.ID) for item in found}
+            async with trio.open_nursery() as nursery:
+                for shard_id in chunk:
+                    if shard_id not in there:
+                        nursery.start_soon(self._create, shard_id)
+
+    async def _create(self, shard_id: str) -> None:
+        await self._store.create_shard("ensure_shards", shard_id, codec.shard_fleet(shard_id))
+
+    async def route(
+        self, shard_id: str, owner: str, epoch: int, to: str, dead: str | None = None
+    ) -> bool:
+        """Name ``to`` as successor of a dead worker's shard: owned by it (``#owner = :owner
+        AND epoch``; the owner stays, only a take changes it), or, unowned, addressed to it
+        (``dead``: ``successor = :dead AND epoch``; it leaves its bucket for ``to``'s poll)."""
+        values = {":to": string(to), ":epoch": number(epoch)}
+        if owner:
+            update, condition = "SET #successor = :to", "#owner = :owner AND #epoch = :epoch"
+            values[":owner"] = string(owner)
+        else:
+            update = "SET #successor = :to REMOVE #fleet"
+            addressed = t.equal_or_absent(
+                t.SUCCESSOR, string(dead) if dead else None, values, "dead"
+            )
+            condition = f"attribute_not_exists(#owner) AND #epoch = :epoch AND {addressed}"
+        return await self._conditional(
+            "route", UpdateItem(shard_key(shard_id), update, condition, values)
+        )
+
+    async def take(
+        self,
+        shard_id: str,
+        me: str,
+        expected_owner: str,
+        expected_epoch: int,
+        wall_now: float = 0.0,
+    ) -> ShardItem | None:
+        """A take as in protocol 1 (owner and epoch as observed, never a retired shard), listed
+        under ``own#<me>``; None when the condition failed."""
+        update = take_update(
+            shard_id, me, expected_owner, expected_epoch, wall_now, keys.owned_key(me)
+        )
+        try:
+            response = await self._update("take", update)
+        except LeaseConflict:
+            return None
+        return codec.shard_from(response["Attributes"])
+
+    async def release(
+        self,
+        shard_id: str,
+        me: str,
+        epoch: int,
+        successor: str,
+        checkpoint: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Protocol 1's release (the contract's builder), listed under the successor only, or
+        back in the shard's vacant bucket; ``checkpoint`` None keeps the stored one."""
+        fleet = "" if successor else keys.vacant_key(shard_id)
+        update = t.release_shard(shard_id, me, epoch, checkpoint, successor=successor, fleet=fleet)
+        return await self._conditional("release", update)
