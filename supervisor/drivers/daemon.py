@@ -544,8 +544,8 @@ class Supervisor:
         with trio.move_on_after(NOTICE_CLEAR_TIMEOUT):
             try:
                 await self.store.clear_handoff_notice(request.id, request.successor, request.epoch)
-            except StoreUnavailable as exc:
-                log.debug("hand-off notice not cleared: %s", exc, extra={"shard": request.id})
+            except LeaseStoreError as exc:  # unavailable, or refused (a policy): not fatal
+                log.warning("hand-off notice not cleared: %s", exc, extra={"shard": request.id})
 
     async def _take_handed_off(self, shard_id: str, epoch: int) -> None:
         await self._take(shard_id, "", epoch)

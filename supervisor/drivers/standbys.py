@@ -273,6 +273,8 @@ class StandbyKeeper:
             return
         items = await self.ctx.store.read_shards(waiting)
         for shard_id in waiting:
+            if shard_id not in self._connected():  # promoted or stopped during the read
+                continue
             item, first = items.get(shard_id), self._first(shard_id)
             if item is not None and covers(item.checkpoint, first):
                 self._covering[shard_id] = dict(first)

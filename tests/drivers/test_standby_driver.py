@@ -569,6 +569,38 @@ async def test_a_standby_is_advertised_once_its_owners_checkpoint_reaches_its_fi
         nursery.cancel_scope.cancel()
 
 
+async def test_a_standby_gone_while_its_owners_checkpoint_is_read_is_skipped(autojump_clock):
+    """The coverage read is an await: a standby promoted or stopped meanwhile is no longer
+    the keeper's, and the round goes on (it once raised KeyError and ended the supervisor)."""
+    h = Harness(config(shards=1, standbys=1))
+    w2_store = h.store.peer()
+    w1, w2 = h.supervisor("w1"), h.supervisor("w2", w2_store)
+    read = w2_store.read_shards
+    gone: list[str] = []
+
+    async def read_while_it_goes(shard_ids):
+        found = await read(shard_ids)
+        for shard_id in shard_ids:
+            runner = w2.keeper.runners.pop(shard_id)
+            runner.request_stop("gone during the read", 0.0)
+            gone.append(shard_id)
+        return found
+
+    w2_store.read_shards = read_while_it_goes  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await wait_for(lambda: _true(gone))
+        w2_store.read_shards = read  # type: ignore[method-assign]
+        await wait_for(lambda: _advertised(h, {"s0": ["w2"]}))  # placed again, then covered
+        nursery.cancel_scope.cancel()
+
+
+async def _true(found: list[str]) -> bool:
+    return bool(found)
+
+
 async def _standby_connected(sup: Supervisor, shard: str) -> bool:
     runner = sup.keeper.runners.get(shard)
     return runner is not None and runner.state is RunnerState.STANDBY_READY

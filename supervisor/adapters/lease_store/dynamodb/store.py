@@ -547,17 +547,17 @@ class DynamoLeaseStore:
         epoch: int,
         values: Mapping[str, Any] = MappingProxyType({}),
     ) -> bool:
-        """False when the condition failed: the notice is gone, or a later request's."""
+        """Take the notice out of the index (``REMOVE roster``: an UpdateItem, so the IAM
+        policy still grants no DeleteItem; the next request of the shard overwrites the
+        item). False when the condition failed: the notice is gone, or a later request's."""
+        update = UpdateItem(
+            {t.PK: string(t.handoff_notice_id(shard_id))},
+            "REMOVE #roster",
+            "attribute_exists(#roster) AND " + condition,
+            {":epoch": number(epoch), **values},
+        )
         try:
-            await self._db.request(
-                op,
-                "delete_item",
-                TableName=self.table,
-                Key={t.PK: string(t.handoff_notice_id(shard_id))},
-                ConditionExpression=condition,
-                ExpressionAttributeNames=expression_names(condition),
-                ExpressionAttributeValues={":epoch": number(epoch), **values},
-            )
+            await self._update(op, update)
         except LeaseConflict:
             return False
         return True
