@@ -267,13 +267,13 @@ async def test_racing_takes_exactly_one_wins(racers: list[Fleet]) -> None:
 # --- DynamoDB only: protocol 1's items, and init-table's backfill and flip -------------------
 
 
-@pytest.fixture
-def dynamo(backend: str) -> None:
-    if backend == "memory":
-        pytest.skip("DynamoDB's table administration")
+# The memory store has no table to administer: these run on the three DynamoDB backends only.
+dynamo_only = pytest.mark.parametrize(
+    "backend", ["moto-mock", "moto-server", "dynalite"], indirect=True
+)
 
 
-@pytest.mark.usefixtures("dynamo")
+@dynamo_only
 async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) -> None:
     await fleet.join(worker("a"))
     await fleet.ensure_shards(["s1", "s2"])
@@ -292,7 +292,7 @@ async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) 
     assert [s.id for s in await fleet.owned_by("b")] == ["s1"] and await fleet.owned_by("a") == ()
 
 
-@pytest.mark.usefixtures("dynamo")
+@dynamo_only
 async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys(
     store: DynamoLeaseStore,
 ) -> None:
@@ -317,7 +317,7 @@ async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys
     assert (await store.set_protocol(2)).backfilled == 0  # once is enough
 
 
-@pytest.mark.usefixtures("dynamo")
+@dynamo_only
 async def test_the_flip_is_made_when_every_live_worker_advertises_p2(
     store: DynamoLeaseStore,
 ) -> None:
@@ -331,7 +331,7 @@ async def test_the_flip_is_made_when_every_live_worker_advertises_p2(
     assert (await store.set_protocol(1)).protocol == 1  # the rollback
 
 
-@pytest.mark.usefixtures("dynamo")
+@dynamo_only
 async def test_a_backfill_write_on_an_item_changed_since_the_scan_reads_it_again(
     store: DynamoLeaseStore,
 ) -> None:
