@@ -395,6 +395,7 @@ class ShardRunner:
         if stop is None or self.is_standby or self.state is RunnerState.LOST:
             return
         written, how = False, "released"
+        began = trio.current_time()
         with trio.move_on_after(RELEASE_TIMEOUT):
             if self._mode is Mode.MAKE_BEFORE_BREAK and self._hand_over:
                 written, how = await self._hand_over_lease(stop.successor), "handed over"
@@ -406,7 +407,10 @@ class ShardRunner:
                 "%s at the child's stop (successor %s)",
                 how,
                 stop.successor or "any",
-                extra=self._extra(checkpoint=self.checkpoint),
+                extra=self._extra(
+                    checkpoint=self.checkpoint,
+                    write_ms=round(1000 * (trio.current_time() - began), 1),
+                ),
             )
 
     def _handoff_mode(self, successor: str) -> Mode | None:
