@@ -53,6 +53,17 @@ class PeerTracker:
             return True  # retired cleanly: its children are gone
         return now - seen.changed_at >= self.duration
 
+    def next_due(self, now: float) -> float | None:
+        """When the first peer not judged dead yet would be, if its counter does not change
+        before then (None: no such peer). The driver runs a round then, so a death is acted on
+        at the lease rather than at the round after it."""
+        dues = [
+            seen.changed_at + self.duration
+            for seen in self._seen.values()
+            if seen.state != "stopped" and now - seen.changed_at < self.duration
+        ]
+        return min(dues, default=None)
+
     def is_live_member(self, worker_id: str, now: float) -> bool:
         """Alive and taking shards (a draining worker is alive but takes nothing)."""
         seen = self._seen.get(worker_id)

@@ -143,6 +143,19 @@ def handoff_answers(
     return list(answers.values())
 
 
+DUE_SLACK = 0.01  # seconds past a peer's due time: the round then judges it dead, not alive
+
+
+def next_round_in(now: float, interval: float, due: float | None) -> float:
+    """How long the reconcile loop sleeps: ``interval``, or less when a peer's lease falls
+    due sooner (``PeerTracker.next_due``). The round still reads the worker items first: a
+    counter that moved meanwhile keeps the peer alive, so this only moves *when* a death is
+    seen, never *whether* (issue 16, detection at the lease: up to one interval sooner)."""
+    if due is None:
+        return interval
+    return max(0.0, min(interval, due + DUE_SLACK - now))
+
+
 def asked_without_notice(workers: Sequence[WorkerItem] | None, me: str) -> bool:
     """Whether a peer may ask us for a hand-off without listing a notice (a version before
     ``FEATURE_HANDOFF_NOTICE``, or peers not read yet): then the ``handoff`` roster is read
@@ -173,6 +186,7 @@ __all__ = [
     "asked_without_notice",
     "handoff_answers",
     "handoff_takes",
+    "next_round_in",
     "promotion_kind",
     "round_signature",
     "take_source",

@@ -353,7 +353,9 @@ class Supervisor:
                 await self._reconcile_once()
             except StoreUnavailable as exc:
                 log.warning("reconcile skipped: %s", exc)
-            await trio.sleep(self.config.lease.reconcile_interval)
+            now = self.now()
+            interval = self.config.lease.reconcile_interval
+            await trio.sleep(round_policy.next_round_in(now, interval, self.tracker.next_due(now)))
 
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only

@@ -51,6 +51,18 @@ def test_a_new_observer_waits_a_full_duration_before_declaring_anyone_dead():
     assert tracker.is_dead("old", 5010.0)
 
 
+def test_the_next_due_is_the_first_lease_that_would_lapse_of_peers_not_dead_yet():
+    tracker = PeerTracker(10.0)
+    assert tracker.next_due(0.0) is None
+    tracker.observe([worker("a", 5), worker("b", 1), worker("c", 1, "stopped")], now=100.0)
+    tracker.observe([worker("b", 2)], now=103.0)
+    assert tracker.next_due(104.0) == 110.0  # a's counter stood still since 100
+    assert tracker.next_due(110.0) == 113.0  # a is dead: not due again; b next
+    tracker.observe([worker("b", 3)], now=112.0)
+    assert tracker.next_due(112.0) == 122.0
+    assert tracker.next_due(122.0) is None  # the stopped one is never due
+
+
 def test_owner_without_worker_item_gets_a_duration_from_first_sight():
     tracker = PeerTracker(10.0)
     tracker.observe_owner("ghost", 50.0)

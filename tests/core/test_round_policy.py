@@ -4,12 +4,14 @@ and the hand-off poll's filter. Exact values, no clock but the ``now`` passed in
 from __future__ import annotations
 
 import attrs
+import pytest
 from helpers.fake_runner import FakeRunner as Runner
 
 from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_HANDOVER, FEATURE_MBB
 from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.round_policy import (
+    DUE_SLACK,
     HANDOVER,
     RoundActions,
     ScanSchedule,
@@ -18,6 +20,7 @@ from supervisor.core.round_policy import (
     asked_without_notice,
     handoff_answers,
     handoff_takes,
+    next_round_in,
     promotion_kind,
     round_signature,
     take_source,
@@ -184,3 +187,10 @@ def test_a_promotion_is_a_failover_only_for_a_dead_owners_shard():
         "handoff",
         "handoff",
     ]
+
+
+def test_the_next_round_comes_when_a_peers_lease_falls_due_if_that_is_sooner():
+    assert next_round_in(100.0, 2.0, None) == 2.0
+    assert next_round_in(100.0, 2.0, 105.0) == 2.0  # due after the next round anyway
+    assert next_round_in(100.0, 2.0, 100.5) == pytest.approx(0.5 + DUE_SLACK)
+    assert next_round_in(100.0, 2.0, 99.0) == 0.0  # overdue: at once

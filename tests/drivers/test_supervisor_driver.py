@@ -111,15 +111,9 @@ async def test_store_outage_stops_every_child_before_a_peer_could_take_over(auto
 
 async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_clock):
     h = Harness(shards=4)
-    w1_store = h.store.peer()
-    doomed = trio.CancelScope()
-
-    async def run_w1(task_status=trio.TASK_STATUS_IGNORED):
-        with doomed:
-            await h.supervisor("w1", w1_store).run(task_status=task_status)
-
+    w1_store, doomed = h.store.peer(), trio.CancelScope()
     async with trio.open_nursery() as nursery:
-        await nursery.start(run_w1)
+        await nursery.start(doomed_run, h.supervisor("w1", w1_store), doomed)
         await trio.sleep(3.0)
         await nursery.start(h.supervisor("w2").run)
         await trio.sleep(0.5)
@@ -134,6 +128,44 @@ async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_
         assert DURATION - HEARTBEAT <= took <= DURATION + RECONCILE + 1.0
         assert {e for _, e in (await h.owners()).values()} == {2}
         nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_peer_is_acted_on_when_its_lease_falls_due_not_at_the_next_round(
+    autojump_clock,
+):
+    """The survivor times the death from its first sight of the victim's last counter and
+    runs a round right then (issue 16: detection at the lease, not at the round after). A
+    lease of 11 s with 2 s rounds: the due time falls a second before a round."""
+    h = Harness(shards=4)
+    lease = attrs.evolve(h.config.lease, duration=LEASE_OFF_ROUND)
+    h.config = attrs.evolve(h.config, lease=lease)
+    w1_store, doomed = h.store.peer(), trio.CancelScope()
+    w2 = h.supervisor("w2")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(doomed_run, h.supervisor("w1", w1_store), doomed)
+        await trio.sleep(3.0)
+        await nursery.start(w2.run)
+        await trio.sleep(RECONCILE * 1.3)  # the death falls between two of w2's rounds
+        w1_store.unavailable = True
+        doomed.cancel()
+        with trio.fail_after(60):
+            while {o for o, _ in (await h.owners()).values()} != {"w2"}:
+                await trio.sleep(0.001)
+        taken = trio.current_time()
+        last_seen = w2.tracker._seen["w1"].changed_at
+        nursery.cancel_scope.cancel()
+    assert LEASE_OFF_ROUND <= taken - last_seen <= LEASE_OFF_ROUND + 0.1
+
+
+LEASE_OFF_ROUND = 11.0  # not a multiple of RECONCILE
+
+
+async def doomed_run(
+    sup: Supervisor, doomed: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED
+):
+    """``sup.run`` inside ``doomed``: cancelling it stops the supervisor as a death would."""
+    with doomed:
+        await sup.run(task_status=task_status)
 
 
 async def test_no_write_lands_after_the_fence_when_the_supervisor_is_frozen(autojump_clock):
