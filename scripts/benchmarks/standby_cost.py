@@ -25,6 +25,7 @@ from supervisor.devtools.fleet import Fleet, child_pids
 
 WINDOW, QUICK_WINDOW = 10.0, 2.0  # seconds of CPU time sampled
 TRIM = 1.0  # seconds: the age trim runs with each standby heartbeat
+SAMPLES = 3  # windows tried until one sees the same children at its start and its end
 
 
 async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]:
@@ -33,14 +34,18 @@ async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]
     if not quick:  # the fleet is settled: every standby is ready
         await trio.sleep(buffer + TRIM)
         filled_after = buffer + TRIM
-    roles = await _roles(fleet)
     window = QUICK_WINDOW if quick else WINDOW
-    before = {pid: cpu_seconds(pid) for pid in roles}
-    await trio.sleep(window)
-    cpu = {pid: (cpu_seconds(pid) - before[pid]) / window * 100 for pid in roles}
-    pss = {pid: pss_kib(pid) / 1024 for pid in roles}
-    if await _roles(fleet) != roles:
-        raise RuntimeError("the fleet's children changed while their cost was sampled")
+    for _ in range(SAMPLES):
+        roles = await _roles(fleet)
+        before = {pid: cpu_seconds(pid) for pid in roles}
+        await trio.sleep(window)
+        cpu = {pid: (cpu_seconds(pid) - before[pid]) / window * 100 for pid in roles}
+        pss = {pid: pss_kib(pid) / 1024 for pid in roles}
+        if await _roles(fleet) == roles:
+            break
+        # A child came or went (a rebalance, a standby placed anew): sample again.
+    else:
+        raise RuntimeError(f"the fleet's children changed in each of {SAMPLES} samples")
     held = await buffered(fleet)
 
     def of(role: str, values: dict[int, float]) -> dict[str, float]:
