@@ -272,8 +272,9 @@ class StandbyKeeper:
         if not waiting:
             return
         items = await self.ctx.store.read_shards(waiting)
+        connected = set(self._connected())  # not: a standby promoted or stopped meanwhile
         for shard_id in waiting:
-            if shard_id not in self._connected():  # promoted or stopped during the read
+            if shard_id not in connected:
                 continue
             item, first = items.get(shard_id), self._first(shard_id)
             if item is not None and covers(item.checkpoint, first):

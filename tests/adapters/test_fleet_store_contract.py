@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from helpers.stores import StoreFactory, racing_writes_not_atomic_on
+from helpers.stores import StoreFactory, atomic_backends
 
 from shard_worker.contract import table as t
 from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, WorkerIdTaken
@@ -129,16 +129,14 @@ async def test_the_death_notice_needs_the_confirmed_counter_and_then_heartbeats_
 
 
 @pytest.fixture
-async def racers(
-    make_store: StoreFactory, backend: str, request: pytest.FixtureRequest
-) -> list[Fleet]:
+async def racers(make_store: StoreFactory) -> list[Fleet]:
     """Two workers' handles on one table, for a race (exactly one conditional write wins)."""
-    racing_writes_not_atomic_on(backend, request)
     stores = [make_store(), make_store()]
     await _table(stores[0])
     return [s.fleet() for s in stores]  # type: ignore[attr-defined]
 
 
+@atomic_backends
 async def test_racing_death_notices_exactly_one_wins(racers: list[Fleet]) -> None:
     fleets = racers
     for round_no in range(RACE_ROUNDS):
@@ -246,6 +244,7 @@ async def test_the_index_reads_page_beyond_a_hundred_entries(fleet: Fleet) -> No
     assert [i.id for i in await fleet.addressed_to("b")] == ids
 
 
+@atomic_backends
 async def test_racing_takes_exactly_one_wins(racers: list[Fleet]) -> None:
     fleets = racers
     ids = [f"race-{n:02d}" for n in range(RACE_ROUNDS)]
@@ -281,7 +280,7 @@ async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) 
     snapshot = await store.snapshot()
     assert [(w.id, w.state, w.max_shards) for w in snapshot.workers] == [("a", "running", 7)]
     assert [(s.id, s.owner, s.epoch) for s in snapshot.shards] == [("s1", "a", 1), ("s2", "", 0)]
-    assert [v.id for v in await store.vacant_shards()] == ["s2"]
+    assert [v.id for v in (await store.vacancies()).shards] == ["s2"]
     assert [w.id for w in await store.read_workers()] == ["a"]
     await store.release("s1", "a", 1, {"x": 4})
     # Protocol 1's writes do not keep protocol 2's keys: the released shard is still listed

@@ -95,7 +95,7 @@ async def test_the_will_releases_the_shard_and_marks_the_session_orphaned(
     shard, worker = await shard_and_worker(store)
     assert (shard.owner, shard.epoch, shard.state) == ("", 1, "last-will")
     assert shard.checkpoint == {"a": 41}  # the final checkpoint came with the release
-    assert [v.id for v in await store.vacant_shards()] == ["shard-1"]  # peers see it at once
+    assert [v.id for v in (await store.vacancies()).shards] == ["shard-1"]  # peers see it at once
     assert worker.state == "orphaned"
 
 

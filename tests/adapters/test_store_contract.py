@@ -11,7 +11,7 @@ import boto3
 import pytest
 import trio
 import trio.testing
-from helpers.stores import REGION, StoreFactory, racing_writes_not_atomic_on
+from helpers.stores import REGION, StoreFactory, atomic_backends
 from moto import mock_aws
 
 from supervisor.adapters.lease_store.base import (
@@ -129,10 +129,8 @@ async def test_ensure_shard_is_idempotent(store: LeaseStore) -> None:
     assert (shard.owner, shard.epoch, shard.checkpoint) == ("w1", 1, {"s": 3})
 
 
-async def test_racing_takes_exactly_one_wins(
-    make_store: StoreFactory, backend: str, request: pytest.FixtureRequest
-) -> None:
-    racing_writes_not_atomic_on(backend, request)
+@atomic_backends
+async def test_racing_takes_exactly_one_wins(make_store: StoreFactory) -> None:
     stores = {"wa": make_store(), "wb": make_store()}
     await stores["wa"].ensure_table(create=True)
     winners: dict[str, str] = {}
@@ -331,9 +329,9 @@ async def test_vacant_shards_lists_exactly_the_unowned_ones(store: LeaseStore) -
         await store.ensure_shard(shard_id)
     await store.take("a", "w1", "", 0, 1.0)
     await store.take("b", "w1", "", 0, 1.0)
-    assert [(v.id, v.epoch) for v in await store.vacant_shards()] == [("c", 0)]
+    assert [(v.id, v.epoch) for v in (await store.vacancies()).shards] == [("c", 0)]
     await store.release("b", "w1", 1, {}, successor="w2")
-    vacant = await store.vacant_shards()
+    vacant = (await store.vacancies()).shards
     assert [(v.id, v.epoch, v.successor) for v in vacant] == [("b", 1, "w2"), ("c", 0, "")]
 
 
@@ -359,7 +357,7 @@ async def test_registered_shard_lifecycle(store: LeaseStore) -> None:
         await store.add_shard("r", spec, 1.0)  # exists
     item = await stored_shard(store, "r")
     assert (item.spec, item.owner, item.epoch, item.retired_at) == (spec, "", 0, 0.0)
-    assert [v.id for v in await store.vacant_shards()] == ["r"]
+    assert [v.id for v in (await store.vacancies()).shards] == ["r"]
     await store.take("r", "w1", "", 0, 2.0)
     retired = await store.retire_shard("r", 3.0)
     assert (retired.owner, retired.retired_at) == ("w1", 3.0)  # the owner stops it
@@ -421,7 +419,7 @@ async def test_a_table_from_an_earlier_version_gets_the_roster_index(
         return
     assert await store.ensure_table(create=True) is False  # not created: the index was added
     await store.ensure_shard("a")
-    assert [v.id for v in await store.vacant_shards()] == ["a"]
+    assert [v.id for v in (await store.vacancies()).shards] == ["a"]
 
 
 # --- warm standbys and make-before-break hand-offs (issue 14) ------------------------------
@@ -478,7 +476,7 @@ async def test_a_hand_off_request_is_fenced_and_listed_for_the_successor(
     assert await store.handoff_requests() == (HandoffRequest("a", 1, "w2"),)
     item = await store.read_shard("a")
     assert (item.owner, item.successor, item.handoff_stage) == ("w1", "w2", "requested")
-    assert [v.id for v in await store.vacant_shards()] == []  # owned: not vacant
+    assert [v.id for v in (await store.vacancies()).shards] == []  # owned: not vacant
     await store.checkpoint("a", "w1", 1, {"x": 9})  # the owner's child keeps writing
     assert (await store.read_shard("a")).handoff_stage == "requested"
 
@@ -495,7 +493,7 @@ async def test_a_request_lists_its_notice_among_the_vacancies_until_cleared(
     assert await store.vacancies() == Vacancies(
         (VacantShard("b", 0),), (HandoffRequest("a", 1, "w2"),)
     )
-    assert await store.vacant_shards() == (VacantShard("b", 0),)
+    assert (await store.vacancies()).shards == (VacantShard("b", 0),)
     assert not await store.clear_handoff_notice("a", "w3", 1)  # not the one asked
     assert not await store.clear_handoff_notice("a", "w2", 0)  # not its epoch
     assert await store.clear_handoff_notice("a", "w2", 1)
@@ -552,7 +550,7 @@ async def test_the_release_and_the_take_end_a_hand_off(store: LeaseStore) -> Non
     assert (released.owner, released.successor, released.checkpoint) == ("", "w2", {"x": 4})
     assert (released.handoff_stage, released.handoff_first) == ("", {})
     assert await store.handoff_requests() == ()
-    assert await store.vacant_shards() == (VacantShard("a", 1, "w2"),)
+    assert (await store.vacancies()).shards == (VacantShard("a", 1, "w2"),)
     taken = await store.take("a", "w2", "", 1, 3.0)
     assert (taken.owner, taken.epoch, taken.checkpoint, taken.successor) == ("w2", 2, {"x": 4}, "")
     # A dead owner's pending request ends with the take of its shard.
@@ -576,7 +574,7 @@ async def test_hand_over_makes_the_ready_successor_owner_in_one_write(store: Lea
     assert (item.successor, item.handoff_stage, item.handoff_first) == ("", "", {})
     assert (item.state, item.stale, item.reconnects) == ("running", (), {})
     assert await store.handoff_requests() == ()
-    assert await store.vacant_shards() == ()  # never vacant: nobody else may take it
+    assert (await store.vacancies()).shards == ()  # never vacant: nobody else may take it
     await store.checkpoint("a", "w2", 2, {"x": 6})  # the new owner's fence holds
     with pytest.raises(LeaseConflict):
         await store.checkpoint("a", "w1", 1, {"x": 7})  # the old owner's does not

@@ -16,7 +16,6 @@ from supervisor.core.items import (
     ShardItem,
     Snapshot,
     Vacancies,
-    VacantShard,
     WorkerItem,
 )
 
@@ -80,13 +79,11 @@ class LeaseStore(Protocol):
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         """Every worker item, strongly consistent, without reading any shard item."""
 
-    async def vacant_shards(self) -> tuple[VacantShard, ...]:
-        """The unowned shards, from the sparse index (eventually consistent: a take is
-        conditional anyway). Cheap when few shards are unowned, whatever the table's size."""
-
     async def vacancies(self) -> Vacancies:
-        """The same one query: the unowned shards and the hand-off notices (the requests of
-        owners that list one, ``FEATURE_HANDOFF_NOTICE``): the hand-off poll's one request."""
+        """The unowned shards and the hand-off notices (the requests of owners that list one,
+        ``FEATURE_HANDOFF_NOTICE``), from the sparse index in one query (eventually consistent:
+        a take is conditional anyway). Cheap when few shards are unowned, whatever the table's
+        size: the reconcile round's and the hand-off poll's one request."""
 
     async def poke(self, worker_id: str) -> None:
         """Mailbox + 1: the worker re-reads the whole table at its next reconcile.

@@ -46,7 +46,6 @@ OPERATIONS = frozenset(
         "checkpoint",
         "release",
         "read_workers",
-        "vacant_shards",
         "poke",
         "add_shard",
         "retire_shard",
@@ -227,9 +226,6 @@ class MemoryLeaseStore:
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         table = await self._enter("read_workers")
         return tuple(table.workers[k] for k in sorted(table.workers))
-
-    async def vacant_shards(self) -> tuple[VacantShard, ...]:
-        return _vacant(await self._enter("vacant_shards"))
 
     async def vacancies(self) -> Vacancies:
         table = await self._enter("vacancies")

@@ -40,7 +40,6 @@ from supervisor.core.items import (
     ShardItem,
     Snapshot,
     Vacancies,
-    VacantShard,
     WorkerItem,
 )
 
@@ -240,14 +239,8 @@ class DynamoLeaseStore:
             workers += [codec.worker_from(item) for item in items]
         return tuple(sorted(workers, key=lambda w: w.id))
 
-    async def vacant_shards(self) -> tuple[VacantShard, ...]:
-        return (await self._vacancies("vacant_shards")).shards
-
     async def vacancies(self) -> Vacancies:
-        return await self._vacancies("vacancies")
-
-    async def _vacancies(self, op: str) -> Vacancies:
-        listed = await self._query_roster(op, t.ROSTER_VACANT)
+        listed = await self._query_roster("vacancies", t.ROSTER_VACANT)
         shards = [codec.vacant_from(i) for i in listed if codec.kind_of(i) == t.KIND_SHARD]
         notices = [codec.notice_from(i) for i in listed if codec.kind_of(i) == t.KIND_HANDOFF]
         return Vacancies(
@@ -528,10 +521,10 @@ class DynamoLeaseStore:
             t.fence_values(me, epoch),
         )
         await self._update("cancel_handoff", update)
-        await self._delete_notice("cancel_handoff", shard_id, "#epoch = :epoch", epoch)
+        await self._unlist_notice("cancel_handoff", shard_id, "#epoch = :epoch", epoch)
 
     async def clear_handoff_notice(self, shard_id: str, successor: str, epoch: int) -> bool:
-        return await self._delete_notice(
+        return await self._unlist_notice(
             "clear_handoff_notice",
             shard_id,
             "#epoch = :epoch AND #successor = :successor",
@@ -539,7 +532,7 @@ class DynamoLeaseStore:
             {":successor": string(successor)},
         )
 
-    async def _delete_notice(
+    async def _unlist_notice(
         self,
         op: str,
         shard_id: str,
