@@ -119,6 +119,7 @@ def plan_round(
     total = len(items) if shard_count is None else shard_count
     targets = fair_targets(total, live, {**(peer_caps or {}), me: max_shards})
     cooling = {sid for sid, at in (recently_shed or {}).items() if now - at < min_dwell}
+    leaving = _leaving(held_since, recently_shed or {}, cooling)
     pool = list(items.values())
     share = _dealt_share(me, pool, targets, tracker, now)
     found = _candidates(me, pool, held, share, tracker, now)
@@ -127,8 +128,17 @@ def plan_round(
     return Plan(
         take=_takes(me, found, room, frozenset(standby_claims)),
         lost=lost,
-        shed=_shed(me, keeping, held_since, -room, cooling, now, min_dwell),
+        shed=_shed(me, keeping, held_since, -room, leaving, now, min_dwell),
     )
+
+
+def _leaving(
+    held_since: Mapping[str, float], recently_shed: Mapping[str, float], cooling: set[str]
+) -> set[str]:
+    """Held shards whose hand-off is still under way: shed since we took them. A shard we
+    shed and have taken back since (an operator drain, then a peer's SIGTERM hand-off) is a
+    fresh holding that must dwell: counting it as leaving would shed it the moment it came."""
+    return {sid for sid in cooling if sid in held_since and recently_shed[sid] >= held_since[sid]}
 
 
 def _dealt_share(

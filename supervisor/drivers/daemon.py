@@ -313,6 +313,12 @@ class Supervisor:
             self._ready_sent = True
             self.notifier.notify(ready=1, status=self._status_line())
 
+    async def _advertise_state(self, timeout: float) -> None:
+        """A heartbeat now, not at the next beat: peers stop counting us as a taker (a drain)
+        or count us again (its undo) within one write. Bounded; the loop's beats go on."""
+        with trio.move_on_after(timeout):
+            await self._heartbeat_once(self.now())
+
     async def _lease_watchdog(self) -> None:
         while True:
             remaining = self.lease.valid_until - self.now()
@@ -377,7 +383,10 @@ class Supervisor:
             snapshot = attrs.evolve(self._snapshot, workers=workers)
         self._snapshot = snapshot
         self._scans.saw(self._signature(workers, vacant, now))
+        draining = self.operator_drain
         self._apply_operator_requests(snapshot, now)
+        if self.operator_drain != draining:
+            await self._advertise_state(MEMBERS_READ_TIMEOUT)
         accepting = self._accepting(now)
         priority = self.keeper.place(
             snapshot, tracker=self.tracker, runnable=self._runnable, accepting=accepting, now=now
@@ -756,7 +765,12 @@ class Supervisor:
         budget = self.config.supervisor.shutdown_timeout
         self.notifier.notify(stopping=1, status=self._status_line())
         self.keeper.stop_all(LeaveReason.SHUTDOWN)
-        await self._observe_members(min(MEMBERS_READ_TIMEOUT, budget / 10))
+        timeout = min(MEMBERS_READ_TIMEOUT, budget / 10)
+        async with trio.open_nursery() as nursery:
+            # Advertise ``draining`` before the hand-offs: a peer that still read us running
+            # after receiving our shards would shed them straight back to a worker going away.
+            nursery.start_soon(self._advertise_state, timeout)
+            await self._observe_members(timeout)
         successors = self._successors(list(self.runners))
         for shard_id in list(self.runners):
             self._leave(

@@ -220,6 +220,27 @@ def test_a_hand_off_under_way_is_chosen_again_rather_than_another_shard():
     assert result.shed[0] == lowest and len(result.shed) == 3
 
 
+def test_a_shard_shed_then_taken_back_must_dwell_again_before_it_is_shed():
+    """An operator drain sheds s0 (it cools down); a peer's SIGTERM hands it back a second
+    later. Counting it as a hand-off under way would shed it at once, to a peer that may be
+    the one shutting down (a rolling deploy lost data that way): it must dwell like any take."""
+    shards = [shard(f"s{i}", "me", 2) for i in range(4)]
+    tracker = PeerTracker(10.0)
+    tracker.observe([worker("me", 1), worker("b", 1)], now=5.0)
+    held = {s.id: 2 for s in shards}
+    since = dict.fromkeys(held, 0.0) | {"s0": 9.5}  # taken back after the drain shed it
+    result = plan(
+        "me",
+        held=held,
+        shards=shards,
+        tracker=tracker,
+        now=10.0,
+        held_since=since,
+        recently_shed={"s0": 9.0},
+    )
+    assert "s0" not in result.shed and len(result.shed) == 2
+
+
 def test_at_target_a_worker_never_sheds_even_if_a_peer_is_far_below():
     tracker = PeerTracker(10.0)
     tracker.observe([worker("me", 1), worker("b", 1), worker("c", 1)], now=45.0)

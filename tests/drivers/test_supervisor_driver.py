@@ -383,6 +383,48 @@ async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopp
     assert [w.state for w in await h.store.read_workers()] == ["stopped"]
 
 
+class SeesItsStateAtEachHandoff(MemoryLeaseStore):
+    """Records what our own worker item advertised when each hand-off was requested."""
+
+    def __init__(self, table) -> None:
+        super().__init__()
+        self._table = table
+        self.states: list[str] = []
+
+    async def request_handoff(self, shard_id, me, epoch, to, wall_now) -> None:
+        self.states.append(next(w.state for w in await self.read_workers() if w.id == me))
+        await super().request_handoff(shard_id, me, epoch, to, wall_now)
+
+    async def release(self, shard_id, me, *args, **kwargs) -> None:
+        self.states.append(next(w.state for w in await self.read_workers() if w.id == me))
+        await super().release(shard_id, me, *args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "operator drain"])
+async def test_a_draining_worker_says_so_before_its_first_hand_off(autojump_clock, how):
+    """A peer that received our shards and still read us ``running`` would shed them straight
+    back to us as we go away (a rolling deploy's race: the shard then waited out
+    handoff_timeout and moved break-before-make). The state is written before the hand-offs,
+    not at the next heartbeat."""
+    h = Harness(shards=2)
+    w1_store = SeesItsStateAtEachHandoff(h.store._table)
+    w1, w2 = h.supervisor("w1", w1_store), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(5.0)
+        await nursery.start(w2.run)
+        await trio.sleep(0.1)
+        if how == "sigterm":
+            w1.request_shutdown()
+        else:
+            await h.store.request_drain("w1", wall_now=1.0)
+        with trio.fail_after(DURATION / 2 - 0.2):  # before w1's shards dwelt: no rebalance
+            while {o for o, _ in (await h.owners()).values()} != {"w2"}:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert w1_store.states and set(w1_store.states) == {"draining"}
+
+
 async def test_a_drain_names_no_peer_that_retired_since_the_last_round(autojump_clock):
     """A rolling deploy stops hosts one after another: w2 retires between w1's last round and
     w1's SIGTERM. w1 reads the worker items again before naming successors, so it releases
