@@ -53,7 +53,9 @@ async def give_last_will(
     except ImportError as exc:
         log.warning(f"last will unavailable: {exc}")
         return
-    release = table.release_shard(shard, worker, epoch, checkpoint, table.LAST_WILL)
+    release = table.release_shard(
+        shard, worker, epoch, checkpoint, table.LAST_WILL, fleet=will.fleet or None
+    )
     try:
         await _update(client, release.params(will.table))
     except Superseded:

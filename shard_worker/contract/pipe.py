@@ -153,6 +153,9 @@ class LastWill:
     region: str
     endpoint_url: str = ""
     session: str = ""
+    # The released shard's protocol-2 index key (its vacant bucket, from the supervisor's
+    # supervisor/core/partition_keys.py); "" leaves the attribute alone (added in v1).
+    fleet: str = ""
 
 
 ACTIVE = "active"  # Start.mode: an owner child (connected, writing, checkpointing)

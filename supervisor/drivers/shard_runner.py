@@ -34,6 +34,7 @@ from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStore, Stor
 from supervisor.adapters.metrics import Metrics
 from supervisor.adapters.spawn import ChildHandle, PipeClosed, Spawn, pump_output
 from supervisor.config.model import Config, ShardConfig
+from supervisor.core import partition_keys
 from supervisor.core.lease import OwnLease
 from supervisor.core.make_before_break import Fallback, HandoffPlan, Mode, min_cut
 from supervisor.core.restart_policy import RestartPolicy
@@ -552,6 +553,7 @@ class ShardRunner:
                 region=cfg.dynamodb.region,
                 endpoint_url=cfg.dynamodb.endpoint_url,
                 session=self.ctx.session,
+                fleet=partition_keys.vacant_key(self.shard.id),
             ),
         )
 

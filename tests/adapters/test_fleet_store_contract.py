@@ -59,6 +59,46 @@ def same_bucket(count: int, number: int = 7) -> list[str]:
     return found
 
 
+# --- protocol 1's writes keep protocol 2's indexes true -------------------------------------
+
+
+async def ids(listing) -> list[str]:
+    return sorted(s.id for s in await listing)
+
+
+async def test_protocol_1_writes_keep_protocol_2_indexes_true(
+    store: LeaseStore, fleet: Fleet
+) -> None:
+    """A fleet of today's version writes the keys protocol 2 reads (take, release, a named
+    successor, a make-before-break hand-over, a shard registered and retired): at the flip,
+    the indexes already say what the items say, whatever protocol 1 did since the backfill."""
+    a, b, c = same_bucket(3, number=11)
+    for shard_id in (a, b, c):
+        await store.ensure_shard(shard_id)
+    assert await ids(fleet.vacant_in(11)) == [a, b, c]
+    await store.take(a, "w1", "", 0, 1.0)
+    await store.take(b, "w1", "", 0, 1.0)
+    await store.take(c, "w1", "", 0, 1.0)
+    assert await ids(fleet.owned_by("w1")) == [a, b, c]
+    assert await ids(fleet.vacant_in(11)) == []
+    await store.release(a, "w1", 1, {"x": 1})
+    assert await ids(fleet.vacant_in(11)) == [a]
+    await store.release(b, "w1", 1, {"x": 1}, successor="w2")  # listed under w2 only
+    assert await ids(fleet.addressed_to("w2")) == [b]
+    assert await ids(fleet.vacant_in(11)) == [a]
+    await store.request_handoff(c, "w1", 1, "w2", 2.0)  # its notice is no shard: left out
+    assert await ids(fleet.addressed_to("w2")) == [b, c]
+    await store.handoff_ready(c, 1, "w2", {"x": 5})
+    await store.hand_over(c, "w1", 1, "w2", {"x": 4}, 3.0)
+    assert await ids(fleet.owned_by("w1")) == []
+    assert await ids(fleet.owned_by("w2")) == [c]
+    assert await ids(fleet.addressed_to("w2")) == [b]
+    await store.add_shard("reg", "{}", 4.0)
+    assert "reg" in await ids(fleet.vacant_in(bucket("reg", 256)))
+    await store.retire_shard("reg", 5.0)
+    assert "reg" not in await ids(fleet.vacant_in(bucket("reg", 256)))
+
+
 # --- membership ------------------------------------------------------------------------------
 
 
@@ -283,10 +323,10 @@ async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) 
     assert [v.id for v in (await store.vacancies()).shards] == ["s2"]
     assert [w.id for w in await store.read_workers()] == ["a"]
     await store.release("s1", "a", 1, {"x": 4})
-    # Protocol 1's writes do not keep protocol 2's keys: the released shard is still listed
-    # under its old owner (why the flip waits for every live worker to advertise p2). A
-    # take, conditional as always, succeeds on it and lists it right again.
-    assert [s.id for s in await fleet.owned_by("a")] == ["s1"]
+    # Protocol 1's release keeps protocol 2's keys: back in its vacant bucket, where a
+    # protocol-2 take finds it and lists it under its new owner.
+    assert await fleet.owned_by("a") == ()
+    assert "s1" in [s.id for s in await fleet.vacant_in(bucket("s1", 256))]
     assert await fleet.take("s1", "b", "", 1) is not None
     assert [s.id for s in await fleet.owned_by("b")] == ["s1"] and await fleet.owned_by("a") == ()
 
@@ -295,19 +335,21 @@ async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) 
 async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys(
     store: DynamoLeaseStore,
 ) -> None:
-    # Today's daemon advertises these two features, not p2, and writes no protocol-2 key.
+    # Today's daemon advertises these two features, not p2; it writes protocol 2's shard keys
+    # but not its worker keys. An item of an earlier version has none (s3, put as it was).
     today = frozenset({t.FEATURE_MBB, t.FEATURE_HANDOVER})
     await store.register_worker(worker("old", features=today))
     await store.register_worker(worker("gone", session="g"))
     await store.retire_worker("gone", "g", 1.0)  # stopped: it does not count
-    for shard_id in ("s1", "s2", "s3"):
+    for shard_id in ("s1", "s2"):
         await store.ensure_shard(shard_id)
+    await store.create_shard("ensure_shard", "s3", {})  # as an earlier version created it
     await store.take("s1", "old", "", 0, 1.0)
     await store.take("s2", "old", "", 0, 1.0)
     await store.release("s2", "old", 1, {}, successor="gone")
     change = await store.set_protocol(2)
     assert (change.created, change.protocol, change.refused) == (False, 1, ("old",))
-    assert change.backfilled == 5
+    assert change.backfilled == 3  # the two worker items and s3
     fleet = store.fleet()
     assert [m.id for m in await fleet.read_members()] == ["gone", "old"]
     assert [s.id for s in await fleet.owned_by("old")] == ["s1"]

@@ -21,6 +21,7 @@ from shard_worker.contract.pipe import Checkpoint, LastWill, Ready, StreamSpec
 from shard_worker.drivers.worker import LAST_WILL_TIMEOUT
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.core.items import ShardItem, WorkerItem
+from supervisor.core.partition_keys import VACANT_BUCKETS, bucket, vacant_key
 
 REGION = "us-east-1"
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +98,24 @@ async def test_the_will_releases_the_shard_and_marks_the_session_orphaned(
     assert shard.checkpoint == {"a": 41}  # the final checkpoint came with the release
     assert [v.id for v in (await store.vacancies()).shards] == ["shard-1"]  # peers see it at once
     assert worker.state == "orphaned"
+
+
+async def test_the_will_lists_the_shard_in_its_vacant_bucket_for_protocol_2(
+    ddb_url: str, table_name: str
+) -> None:
+    """The supervisor gives the child the shard's vacant bucket key (it cannot import the
+    rule): after the will, protocol 2's index lists the shard there, not under its owner."""
+    store = DynamoLeaseStore(table_name, REGION, ddb_url)
+    await store.ensure_table(create=True, protocol=2)
+    await store.register_worker(WorkerItem("w1", "s1", 0, "running", 1.0, 1.0))
+    await store.ensure_shard("shard-1")
+    await store.take("shard-1", "w1", "", 0, 1.0)
+    fleet = store.fleet()
+    assert [s.id for s in await fleet.owned_by("w1")] == ["shard-1"]
+    will = attrs.evolve(will_for(store), fleet=vacant_key("shard-1"))
+    assert "released at epoch 1" in await give(will)
+    assert await fleet.owned_by("w1") == ()
+    assert [s.id for s in await fleet.vacant_in(bucket("shard-1", VACANT_BUCKETS))] == ["shard-1"]
 
 
 async def test_a_shard_that_moved_on_is_left_alone(store: DynamoLeaseStore) -> None:

@@ -11,7 +11,7 @@ import pytest
 import trio
 from helpers.fake_child import FakeChild, Write
 
-from shard_worker.contract.pipe import StreamSpec
+from shard_worker.contract.pipe import Start, StreamSpec
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
 from supervisor.config.model import (
     Config,
@@ -20,6 +20,7 @@ from supervisor.config.model import (
     SupervisorConfig,
     WorkerConfig,
 )
+from supervisor.core.partition_keys import vacant_key
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle
 from supervisor.drivers.daemon import Supervisor
 from supervisor.drivers.shard_runner import HELLO_TIMEOUT
@@ -87,6 +88,12 @@ async def test_takes_every_shard_and_stores_checkpoints(autojump_clock):
     assert all(s.owner == "" and s.state == "released" for s in snapshot.shards)
     last = {s.id: s.checkpoint[s.id] for s in snapshot.shards}
     assert last == {sid: max(w.seq for w in h.writes if w.shard == sid) for sid in last}
+    # Each child's last will carries its shard's vacant bucket (protocol 2's index key).
+    starts = [m for c in h.children for m in c.received if isinstance(m, Start)]
+    assert {m.shard: m.last_will.fleet for m in starts} == {
+        "s0": vacant_key("s0"),
+        "s1": vacant_key("s1"),
+    }
 
 
 async def test_store_outage_stops_every_child_before_a_peer_could_take_over(autojump_clock):

@@ -22,6 +22,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.billing import Meter
 from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
+from supervisor.core import partition_keys as keys
 from supervisor.core.items import (
     HandoffRequest,
     ShardItem,
@@ -95,6 +96,27 @@ class _Table:
     # handles re-read it after each change, so it is sorted once per change.
     members_version: int = 0
     members_read: tuple[int, tuple[Member, ...], dict[str, int]] | None = None
+
+    def put_shard(self, new: ShardItem) -> dict[str, tuple[str | None, str | None]]:
+        """Write a shard item and move its protocol-2 index entries, as DynamoDB's indexes
+        follow every write of either protocol. Returns the entries that moved, by index
+        (``fleet``, ``successor``): (key before, key after), for protocol 2's billing."""
+        old = self.shards.get(new.id)
+        moves = {
+            "fleet": (keys.shard_fleet_key(old) if old else None, keys.shard_fleet_key(new)),
+            "successor": (
+                keys.shard_successor_key(old) if old else None,
+                keys.shard_successor_key(new),
+            ),
+        }
+        for name, entries in (("fleet", self.listed), ("successor", self.addressed)):
+            before, after = moves[name]
+            if before is not None:
+                entries[before].discard(new.id)
+            if after is not None:
+                entries.setdefault(after, set()).add(new.id)
+        self.shards[new.id] = new
+        return {name: moved for name, moved in moves.items() if moved[0] != moved[1]}
 
 
 class MemoryLeaseStore:
@@ -206,7 +228,7 @@ class MemoryLeaseStore:
         item = table.shards.get(shard_id)
         if item is None or not item.owner:
             raise LeaseConflict(f"shard {shard_id!r} has no owner")
-        table.shards[shard_id] = attrs.evolve(item, release_requested=wall_now)
+        table.put_shard(attrs.evolve(item, release_requested=wall_now))
         return item.owner
 
     async def poke(self, worker_id: str) -> None:
@@ -237,8 +259,10 @@ class MemoryLeaseStore:
         old = table.shards.get(shard_id)
         if old is not None and (not old.retired_at or old.owner):
             raise LeaseConflict(f"shard {shard_id!r} exists")
-        table.shards[shard_id] = ShardItem(
-            id=shard_id, owner="", epoch=old.epoch if old else 0, state="registered", spec=spec
+        table.put_shard(
+            ShardItem(
+                id=shard_id, owner="", epoch=old.epoch if old else 0, state="registered", spec=spec
+            )
         )
 
     async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
@@ -247,13 +271,14 @@ class MemoryLeaseStore:
         if old is None or not old.spec:
             raise LeaseConflict(f"no registered shard {shard_id!r}")
         new = attrs.evolve(old, retired_at=wall_now, successor="")
-        table.shards[shard_id] = new
+        table.put_shard(new)
         table.handoffs.discard(shard_id)
         return _copy(new)
 
     async def ensure_shard(self, shard_id: str) -> None:
         table = await self._enter("ensure_shard")
-        table.shards.setdefault(shard_id, ShardItem(id=shard_id, owner="", epoch=0))
+        if shard_id not in table.shards:
+            table.put_shard(ShardItem(id=shard_id, owner="", epoch=0))
 
     async def snapshot(self) -> Snapshot:
         table = await self._enter("snapshot")
@@ -285,7 +310,7 @@ class MemoryLeaseStore:
     ) -> None:
         table = await self._enter("checkpoint")
         old = _owned(table, shard_id, me, epoch)
-        table.shards[shard_id] = attrs.evolve(old, checkpoint=dict(checkpoint))
+        table.put_shard(attrs.evolve(old, checkpoint=dict(checkpoint)))
 
     async def publish_streams(
         self,
@@ -298,7 +323,7 @@ class MemoryLeaseStore:
         table = await self._enter("streams")
         old = _owned(table, shard_id, me, epoch)
         counts = {stream: dict(reasons) for stream, reasons in reconnects.items()}
-        table.shards[shard_id] = attrs.evolve(old, stale=tuple(sorted(stale)), reconnects=counts)
+        table.put_shard(attrs.evolve(old, stale=tuple(sorted(stale)), reconnects=counts))
 
     async def release(
         self,
@@ -312,15 +337,17 @@ class MemoryLeaseStore:
         table = await self._enter("release")
         old = _owned(table, shard_id, me, epoch)
         # The epoch stays: the next take bumps it, so an epoch is never reused.
-        table.shards[shard_id] = attrs.evolve(
-            old,
-            owner="",
-            state=state,
-            checkpoint=dict(checkpoint),
-            release_requested=0.0,
-            successor=successor,
-            handoff_stage="",
-            handoff_first={},
+        table.put_shard(
+            attrs.evolve(
+                old,
+                owner="",
+                state=state,
+                checkpoint=dict(checkpoint),
+                release_requested=0.0,
+                successor=successor,
+                handoff_stage="",
+                handoff_first={},
+            )
         )
         table.handoffs.discard(shard_id)
 
@@ -331,8 +358,8 @@ class MemoryLeaseStore:
     ) -> None:
         table = await self._enter("request_handoff")
         old = _owned(table, shard_id, me, epoch)
-        table.shards[shard_id] = attrs.evolve(
-            old, successor=to, handoff_stage=HANDOFF_REQUESTED, handoff_first={}
+        table.put_shard(
+            attrs.evolve(old, successor=to, handoff_stage=HANDOFF_REQUESTED, handoff_first={})
         )
         table.handoffs.add(shard_id)
         await self._enter("request_handoff")  # the notice: a second request in DynamoDB
@@ -351,8 +378,8 @@ class MemoryLeaseStore:
             or old.handoff_stage != HANDOFF_REQUESTED
         ):
             raise LeaseConflict(f"handoff_ready {shard_id}: no request of epoch {epoch} for {me}")
-        table.shards[shard_id] = attrs.evolve(
-            old, handoff_stage=HANDOFF_READY, handoff_first=dict(first_seq)
+        table.put_shard(
+            attrs.evolve(old, handoff_stage=HANDOFF_READY, handoff_first=dict(first_seq))
         )
 
     async def hand_over(
@@ -373,7 +400,7 @@ class MemoryLeaseStore:
     async def cancel_handoff(self, shard_id: str, me: str, epoch: int) -> None:
         table = await self._enter("cancel_handoff")
         old = _owned(table, shard_id, me, epoch)
-        table.shards[shard_id] = attrs.evolve(old, successor="", handoff_stage="", handoff_first={})
+        table.put_shard(attrs.evolve(old, successor="", handoff_stage="", handoff_first={}))
         table.handoffs.discard(shard_id)
         await self._enter("cancel_handoff")
         notice = table.notices.get(shard_id)
@@ -440,7 +467,7 @@ def _new_owner(
         handoff_stage="",
         handoff_first={},
     )
-    table.shards[old.id] = new
+    table.put_shard(new)
     table.handoffs.discard(old.id)
     return _copy(new)
 

@@ -233,22 +233,7 @@ class MemoryFleet:
         return True
 
     def _place(self, new: ShardItem) -> None:
-        """Write the item and move its index entries, billing each index write."""
-        table = self._table
-        old = table.shards.get(new.id)
-        before = keys.shard_fleet_key(old) if old else None
-        after = keys.shard_fleet_key(new)
-        if before != after:
-            self.meter.index_write(before and f"fleet:{before}", after and f"fleet:{after}")
-        was, now = (keys.shard_successor_key(old) if old else None), keys.shard_successor_key(new)
-        if was != now:
-            self.meter.index_write(was and f"successor:{was}", now and f"successor:{now}")
-        if before is not None:
-            table.listed[before].discard(new.id)
-        if after is not None:
-            table.listed.setdefault(after, set()).add(new.id)
-        if was is not None:
-            table.addressed[was].discard(new.id)
-        if now is not None:
-            table.addressed.setdefault(now, set()).add(new.id)
-        table.shards[new.id] = new
+        """Write the item (``_Table.put_shard`` moves its index entries); bill each index
+        write."""
+        for index, (before, after) in self._table.put_shard(new).items():
+            self.meter.index_write(before and f"{index}:{before}", after and f"{index}:{after}")

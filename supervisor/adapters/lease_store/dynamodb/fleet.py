@@ -178,8 +178,11 @@ class DynamoFleet:
     # --- shards -----------------------------------------------------------------------------
 
     async def _listed(self, op: str, index: str, key: str, value: str) -> tuple[ShardItem, ...]:
+        """The shard items under ``value``. Protocol 1's hand-off notices carry a
+        ``successor`` too (the index lists them under it): they are not shards, so left out."""
         items = await self._store.query_index(op, index, key, value, limit=PAGE)
-        return tuple(sorted((codec.shard_from(item) for item in items), key=lambda s: s.id))
+        shards = (item for item in items if codec.read_str(item, t.KIND) == t.KIND_SHARD)
+        return tuple(sorted((codec.shard_from(item) for item in shards), key=lambda s: s.id))
 
     async def owned_by(self, owner: str) -> tuple[ShardItem, ...]:
         """``fleet = own#<owner>``, paged: a dead worker's shards, for its watchers (as the
@@ -261,9 +264,7 @@ class DynamoFleet:
     ) -> ShardItem | None:
         """A take as in protocol 1 (owner and epoch as observed, never a retired shard), listed
         under ``own#<me>``; None when the condition failed."""
-        update = take_update(
-            shard_id, me, expected_owner, expected_epoch, wall_now, keys.owned_key(me)
-        )
+        update = take_update(shard_id, me, expected_owner, expected_epoch, wall_now)
         try:
             response = await self._update("take", update)
         except LeaseConflict:

@@ -35,6 +35,7 @@ from supervisor.adapters.lease_store.base import (
 )
 from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
+from supervisor.core import partition_keys as keys
 from supervisor.core.items import (
     HandoffRequest,
     ShardItem,
@@ -327,7 +328,7 @@ class DynamoLeaseStore:
     # --- shards -----------------------------------------------------------------------------
 
     async def ensure_shard(self, shard_id: str) -> None:
-        await self.create_shard("ensure_shard", shard_id, {})
+        await self.create_shard("ensure_shard", shard_id, codec.shard_fleet(shard_id))
 
     async def create_shard(self, op: str, shard_id: str, extra: Item) -> None:
         """A new shard item with ``extra`` attributes; one already there keeps its owner,
@@ -344,9 +345,8 @@ class DynamoLeaseStore:
     async def take(
         self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float
     ) -> ShardItem:
-        response = await self._update(
-            "take", take_update(shard_id, me, expected_owner, expected_epoch, wall_now)
-        )
+        update = take_update(shard_id, me, expected_owner, expected_epoch, wall_now)
+        response = await self._update("take", update)
         return codec.shard_from(response["Attributes"])
 
     async def checkpoint(
@@ -397,8 +397,10 @@ class DynamoLeaseStore:
         state: str = t.RELEASED,
         successor: str = "",
     ) -> None:
-        # The same write as a child's last will (the contract's builder), with our own state.
-        update = t.release_shard(shard_id, me, epoch, checkpoint, state, successor)
+        # The same write as a child's last will (the contract's builder), with our own state;
+        # listed under its successor only, or back in its vacant bucket (protocol 2's keys).
+        fleet = "" if successor else keys.vacant_key(shard_id)
+        update = t.release_shard(shard_id, me, epoch, checkpoint, state, successor, fleet)
         await self._update("release", update)
 
     async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
@@ -408,7 +410,7 @@ class DynamoLeaseStore:
             shard_key(shard_id),
             "SET #kind = :shard, #id = :id, #spec = :spec, #roster = :vacant,"
             " #epoch = if_not_exists(#epoch, :zero), #checkpoint = :empty,"
-            " #state = :registered, #registered_at = :now"
+            " #state = :registered, #registered_at = :now, #fleet = :fleet, #spot = :spot"
             " REMOVE #retired_at, #successor, #release_requested",
             "attribute_not_exists(pk)"
             " OR (attribute_exists(#retired_at) AND attribute_not_exists(#owner))",
@@ -421,6 +423,8 @@ class DynamoLeaseStore:
                 ":empty": checkpoint_value({}),
                 ":registered": string("registered"),
                 ":now": number(wall_now),
+                ":fleet": string(keys.vacant_key(shard_id)),
+                ":spot": string(keys.spot(shard_id)),
             },
         )
         await self._update("add_shard", update)
@@ -428,7 +432,7 @@ class DynamoLeaseStore:
     async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
         update = UpdateItem(
             shard_key(shard_id),
-            "SET #retired_at = :now REMOVE #roster, #successor",
+            "SET #retired_at = :now REMOVE #roster, #successor, #fleet",
             "attribute_exists(#spec)",
             {":now": number(wall_now)},
             returns="ALL_NEW",
@@ -494,7 +498,7 @@ class DynamoLeaseStore:
         update = UpdateItem(
             shard_key(shard_id),
             "SET #owner = :to, #epoch = :next, #owner_since = :now, #state = :running,"
-            " #checkpoint = :cp"
+            " #checkpoint = :cp, #fleet = :fleet"
             " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
             + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
             t.OWNED_AT_EPOCH + " AND #successor = :to AND #handoff_stage = :ready"
@@ -506,6 +510,7 @@ class DynamoLeaseStore:
                 ":running": string("running"),
                 ":cp": checkpoint_value(checkpoint),
                 ":ready": string(t.HANDOFF_READY),
+                ":fleet": string(keys.owned_key(successor)),
                 **t.fence_values(me, epoch),
             },
             returns="ALL_NEW",
@@ -587,10 +592,11 @@ def take_update(
     expected_owner: str,
     expected_epoch: int,
     wall_now: float,
-    fleet: str = "",
 ) -> UpdateItem:
     """The take: owner and epoch as observed (no owner: unowned), never a retired shard; the
-    epoch rises. ``fleet``: protocol 2's index key for the new owner (``own#<me>``), if set."""
+    epoch rises, and the shard is listed under its new owner (``fleet = own#<me>`` and its
+    ``spot``: protocol 2's keys, written by both protocols so that the index is true whenever
+    it is read; an item written before them gets both here)."""
     if not me:
         raise ValueError("take: the new owner must not be empty")
     values = {
@@ -599,16 +605,15 @@ def take_update(
         ":next": number(expected_epoch + 1),
         ":now": number(wall_now),
         ":running": string("running"),
+        ":fleet": string(keys.owned_key(me)),
+        ":spot": string(keys.spot(shard_id)),
     }
     expected = string(expected_owner) if expected_owner else None
     owner_condition = t.equal_or_absent(t.OWNER, expected, values, "expected_owner")
-    sets = "#owner = :me, #epoch = :next, #owner_since = :now, #state = :running"
-    if fleet:
-        sets += ", #fleet = :fleet"
-        values[":fleet"] = string(fleet)
     return UpdateItem(
         shard_key(shard_id),
-        f"SET {sets}"
+        "SET #owner = :me, #epoch = :next, #owner_since = :now, #state = :running,"
+        " #fleet = :fleet, #spot = :spot"
         " REMOVE #release_requested, #successor, #roster, #stale, #reconnects, "
         + ", ".join(f"#{name}" for name in t.HANDOFF_ATTRIBUTES),
         f"#epoch = :expected_epoch AND {owner_condition} AND attribute_not_exists(#retired_at)",
