@@ -88,6 +88,7 @@ def plan_round(
     accepting: bool,
     min_dwell: float,
     recently_shed: Mapping[str, float] | None = None,
+    quarantined: Mapping[str, float] | None = None,
     max_shards: int = 0,
     peer_caps: Mapping[str, int] | None = None,
     standby_claims: Collection[str] = (),
@@ -97,7 +98,10 @@ def plan_round(
     """One reconcile round. ``held`` maps shard -> epoch for shards with a running child here.
 
     ``recently_shed`` maps shard -> when we handed it back: we do not take it again within
-    ``min_dwell``, so a shed shard goes to the peer that needs it instead of bouncing back.
+    ``min_dwell``, so a shed shard goes to the peer that needs it instead of bouncing back
+    (unless no live peer is left to take it). ``quarantined`` maps shard -> when its crash
+    loop made us release it: we keep off it for ``min_dwell`` even alone, so that a shard
+    that crashes here does not loop through quarantine at once.
     ``max_shards`` caps us (0 = no cap); ``peer_caps`` holds the caps peers advertise (absent or
     0 = uncapped): without them a capped peer's excess stays unowned instead of moving to us.
     A worker that is not accepting (draining, or its lease lapsed) neither takes nor sheds: its
@@ -118,12 +122,20 @@ def plan_round(
     live = {w for w in tracker.known() if tracker.is_live_member(w, now)} | {me}
     total = len(items) if shard_count is None else shard_count
     targets = fair_targets(total, live, {**(peer_caps or {}), me: max_shards})
-    cooling = {sid for sid, at in (recently_shed or {}).items() if now - at < min_dwell}
+    # A shed shard cools down so that it goes to the peer that needs it rather than back to
+    # us; with no live peer left (the one it was shed to is draining, say) it would stay
+    # unowned, so it does not cool.
+    cooling = (
+        {sid for sid, at in (recently_shed or {}).items() if now - at < min_dwell}
+        if live - {me}
+        else set()
+    )
+    shunned = {sid for sid, at in (quarantined or {}).items() if now - at < min_dwell}
     leaving = _leaving(held_since, recently_shed or {}, cooling)
     pool = list(items.values())
     share = _dealt_share(me, pool, targets, tracker, now)
     found = _candidates(me, pool, held, share, tracker, now)
-    found = [i for i in found if i.id not in cooling and i.id not in standby_waiting]
+    found = [i for i in found if i.id not in cooling | shunned and i.id not in standby_waiting]
     room = targets[me] - len(keeping)
     return Plan(
         take=_takes(me, found, room, frozenset(standby_claims)),

@@ -107,6 +107,7 @@ class Supervisor:
         self._retired = False
         self.runners: dict[str, ShardRunner] = {}
         self.recently_shed: dict[str, float] = {}
+        self.quarantined_at: dict[str, float] = {}  # released for another host to try
         self.state = SupervisorState.STARTING
         self.exit_code = exit_codes.OK
         self._shutdown = trio.Event()
@@ -403,6 +404,7 @@ class Supervisor:
             accepting=accepting,
             min_dwell=self.config.lease.duration,
             recently_shed=self.recently_shed,
+            quarantined=self.quarantined_at,
             max_shards=self.config.worker.max_shards,
             peer_caps={w.id: w.max_shards for w in snapshot.workers},
             standby_claims=priority.claims,
@@ -707,7 +709,7 @@ class Supervisor:
                 )
             if runner.crash_looped and not runner.is_standby:
                 # Released for another host to try; we keep our hands off it for a while.
-                self.recently_shed[runner.shard_id] = self.now()
+                self.quarantined_at[runner.shard_id] = self.now()
                 self._note_quarantine()
 
     def _note_failover(self, shard_id: str, owner: str) -> None:

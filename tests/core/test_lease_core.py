@@ -294,9 +294,23 @@ def test_balanced_fleet_does_not_shed():
 
 
 def test_a_recently_shed_shard_is_not_taken_back():
-    result = plan("me", shards=[shard("s1")], now=5.0, recently_shed={"s1": 0.0})
+    tracker = PeerTracker(10.0)
+    tracker.observe([worker("me", 1), worker("b", 1)], now=0.0)
+    shards = [shard("s1")]
+    result = plan("me", shards=shards, tracker=tracker, now=5.0, recently_shed={"s1": 0.0})
     assert result.take == ()
-    assert plan("me", shards=[shard("s1")], now=10.0, recently_shed={"s1": 0.0}).take != ()
+    again = plan("me", shards=shards, tracker=tracker, now=10.0, recently_shed={"s1": 0.0})
+    assert again.take != ()
+
+
+def test_a_shed_shard_with_no_live_peer_left_to_take_it_is_taken_back_at_once():
+    """Shed to b, which started draining before it answered: the hand-off fell back and
+    released the shard. Cooling it down would leave it unowned (on a live-only feed, lost)
+    until the dwell ran out; nobody else can take it, so we do."""
+    tracker = PeerTracker(10.0)
+    tracker.observe([worker("me", 1), worker("b", 1, "draining")], now=0.0)
+    result = plan("me", shards=[shard("s1")], tracker=tracker, now=3.0, recently_shed={"s1": 1.0})
+    assert [t.shard_id for t in result.take] == ["s1"]
 
 
 def test_max_shards_caps_our_target():
