@@ -52,6 +52,7 @@ class Fallback(enum.StrEnum):
     CANCELLED = "cancelled"  # the request was gone from the item (retired, or overwritten)
     STORE = "store_unavailable"  # the request or a read failed
     CHILD_EXITED = "child_exited"  # the child died while it waited: released as it was
+    SUCCESSOR_LEFT = "successor_left"  # it stopped taking (draining, stopped, dead) meanwhile
 
 
 @attrs.frozen

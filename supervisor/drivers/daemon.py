@@ -370,6 +370,10 @@ class Supervisor:
         workers = await self.store.read_workers()
         now = self.now()
         self.tracker.observe(workers, now)
+        for runner in self.runners.values():
+            successor = runner.handing_off_to
+            if successor and not self.tracker.is_live_member(successor, now):
+                runner.successor_left()  # it will not answer: fall back now, not at the timeout
         listing = await self.store.vacancies()
         vacant = listing.shards
         scan = self._scans.due(self._signature(workers, vacant, now), now)

@@ -97,6 +97,7 @@ class ShardRunner:
     _stopping: trio.Event = attrs.field(factory=trio.Event)  # set once the child is to stop
     _handing_off: trio.Event = attrs.field(factory=trio.Event)  # make-before-break asked
     _abort_handoff: trio.Event = attrs.field(factory=trio.Event)  # a fast stop cuts it short
+    _abort_reason: Fallback = Fallback.FAST_SHUTDOWN  # why it was cut short
     _stop: StopRequest | None = None
     _min_cut: dict[str, int] = attrs.field(factory=dict)  # the stop's, after a hand-off
     _mode: Mode | None = None  # how the shard leaves for a peer, once decided
@@ -221,6 +222,20 @@ class ShardRunner:
             )
         elif plan.mode is not None:
             self._fall_back(plan.fallback or Fallback.NOT_RUNNING)
+
+    @property
+    def handing_off_to(self) -> str:
+        """The successor a make-before-break wait is for ("" when not waiting)."""
+        if self.state is not RunnerState.HANDING_OFF or self._stop is None:
+            return ""
+        return self._stop.successor
+
+    def successor_left(self) -> None:
+        """The successor we wait for stopped taking (a drain, a SIGTERM, a death): its standby
+        will not come, so stop waiting for it and release to anyone rather than to it."""
+        if self.state is RunnerState.HANDING_OFF and not self._abort_handoff.is_set():
+            self._abort_reason = Fallback.SUCCESSOR_LEFT
+            self._abort_handoff.set()
 
     def _fall_back(self, why: Fallback) -> None:
         """Logged once and counted: this move to a peer is break-before-make."""
@@ -698,7 +713,12 @@ class ShardRunner:
             )
             self._event(RunnerEvent.SUCCESSOR_READY)
         else:
-            self._fall_back(outcome.fallback or Fallback.TIMEOUT)
+            why = outcome.fallback or Fallback.TIMEOUT
+            if why is Fallback.FAST_SHUTDOWN:
+                why = self._abort_reason
+            self._fall_back(why)
+            if why is Fallback.SUCCESSOR_LEFT and self._stop is not None:
+                self._stop = attrs.evolve(self._stop, successor="")  # released to anyone
             self._event(RunnerEvent.HANDOFF_FALLBACK)
 
     async def _stop_watcher(self, child: ChildHandle) -> None:

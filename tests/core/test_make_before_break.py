@@ -96,6 +96,7 @@ def test_the_public_labels():
         "cancelled",
         "store_unavailable",
         "child_exited",
+        "successor_left",
     ]
 
 

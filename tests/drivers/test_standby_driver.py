@@ -375,6 +375,32 @@ async def test_a_successor_that_never_gets_ready_falls_back_within_the_timeout(a
     assert await h.store.handoff_requests() == ()  # withdrawn
 
 
+async def test_a_successor_that_stops_taking_meanwhile_is_not_waited_for(autojump_clock):
+    """An operator's release names w2; w2 is shut down before its standby gets ready. w1 sees
+    it draining at its next round and falls back then (not after handoff_timeout), releases
+    to anyone rather than to w2, and, with no live peer left, takes the shard back at once
+    instead of leaving it unowned while it cools down."""
+    h = Harness(config(shards=1))
+    h.never_ready.add("w2")
+    async with trio.open_nursery() as nursery:
+        w1, w2 = await owner_then_peer(h, nursery)
+        await h.store.request_release("s0", 1.0)
+        await wait_for(lambda: _waiting_for(w1, "w2"))
+        asked = trio.current_time()
+        w2.request_shutdown()
+        await wait_for(lambda: _owned_by(h, "w1", epoch=2))
+        back = trio.current_time() - asked
+        nursery.cancel_scope.cancel()
+    assert back < h.config.lease.handoff_timeout
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="successor_left") == 1
+    assert metric(w1, "shardvisor_handoff_fallbacks_total", reason="timeout") == 0
+    assert await h.store.handoff_requests() == ()  # withdrawn
+
+
+async def _waiting_for(sup: Supervisor, successor: str) -> bool:
+    return any(r.handing_off_to == successor for r in sup.runners.values())
+
+
 async def test_an_unsequenced_shard_moves_break_before_make_and_says_why(autojump_clock):
     h = Harness(config(shards=1, sequenced=False))
     async with trio.open_nursery() as nursery:
