@@ -44,7 +44,7 @@ from supervisor.core.health import SupervisorState
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.make_before_break import Adoption
-from supervisor.core.planner import plan_round
+from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import TAKEN, ShardWatch
 from supervisor.drivers.reporting import Reporter
@@ -53,6 +53,10 @@ from supervisor.drivers.standbys import StandbyKeeper
 
 log = logging.getLogger("shardvisor.supervisor")
 
+# A round's takes run this many at once: a cold start of many shards waits one request per
+# batch rather than per shard (each take is its own conditional write; the client bounds the
+# requests in flight anyway).
+TAKES_AT_ONCE = 8
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
@@ -431,11 +435,11 @@ class Supervisor:
             if warm
             else set()
         )
-        for take in actions.take:
-            if not self.lease.is_valid(self.now()):
-                break
-            if take.shard_id not in handed:
-                await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
+        async with trio.open_nursery() as nursery:  # a cold start's takes side by side
+            limiter = trio.CapacityLimiter(TAKES_AT_ONCE)
+            for take in actions.take:
+                if take.shard_id not in handed:
+                    nursery.start_soon(self._take_when_valid, take, limiter)
         items = {item.id: item for item in snapshot.shards}
         self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
         try:
@@ -636,6 +640,11 @@ class Supervisor:
             if why.cools_down:
                 self.recently_shed[shard_id] = now
             self._leave(shard_id, why, successors.get(shard_id, ""))
+
+    async def _take_when_valid(self, take: Take, limiter: trio.CapacityLimiter) -> None:
+        async with limiter:
+            if self.lease.is_valid(self.now()):  # never take on a lease that lapsed meanwhile
+                await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
 
     async def _take(self, shard_id: str, expected_owner: str, expected_epoch: int) -> None:
         shard = self._runnable.get(shard_id)

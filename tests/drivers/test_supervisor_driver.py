@@ -22,7 +22,7 @@ from supervisor.config.model import (
 )
 from supervisor.core.partition_keys import vacant_key
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle
-from supervisor.drivers.daemon import Supervisor
+from supervisor.drivers.daemon import TAKES_AT_ONCE, Supervisor
 from supervisor.drivers.shard_runner import HELLO_TIMEOUT
 
 DURATION, HEARTBEAT, RECONCILE = 10.0, 2.0, 2.0
@@ -358,6 +358,31 @@ async def test_reload_restarts_only_changed_shards_adds_and_hands_off_removed(au
         assert sup.runners["s1"].shard == changed
         assert "s2" not in sup.runners
         sup.request_shutdown()
+
+
+class SlowTakes(MemoryLeaseStore):
+    """Every take takes 100 ms, as a request to a remote table does."""
+
+    async def take(self, *args, **kwargs):
+        await trio.sleep(0.1)
+        return await super().take(*args, **kwargs)
+
+
+async def test_a_cold_starts_takes_run_side_by_side(autojump_clock):
+    """Sixteen vacant shards: the first round's takes go out TAKES_AT_ONCE (8) at a time, so
+    all are ours after two take latencies, not sixteen."""
+    h = Harness(shards=16)
+    h.store = SlowTakes(table_exists=True)
+    sup = h.supervisor("w1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        started = trio.current_time()
+        while len([o for o, _ in (await h.owners()).values() if o == "w1"]) < 16:
+            await trio.sleep(0.01)
+        took = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert TAKES_AT_ONCE >= 8
+    assert took < 0.5  # one after another: 1.6 s
 
 
 class SlowHeartbeats(MemoryLeaseStore):
