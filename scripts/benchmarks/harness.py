@@ -30,7 +30,9 @@ SCRIPTS = ROOT / "scripts"  # on PYTHONPATH: where ``benchmarks`` is found
 OUT = ROOT / "out" / "bench"
 LOCK_VENV = OUT / "venv-dynamodb-lock"  # the peers' own virtualenvs, made by scripts/bench.sh
 SUPERVISORD_VENV = OUT / "venv-supervisord"
-KEEP_RUNS = 3  # work directories of earlier runs kept under out/bench/runs/
+# Work directories of earlier runs kept under out/bench/runs/: a full scripts/bench.sh makes
+# about nine (one per benchmark process), so the last full run stays whole for diagnosis.
+KEEP_RUNS = 12
 BUSY = re.compile(r"pytest|benchmarks\.")  # other test or benchmark runs on this machine
 AWS_DROPPED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB")
 AWS_LOCAL = {
