@@ -89,6 +89,20 @@ class ShardWatch:
             await trio.sleep(self.interval)
 
 
+@attrs.define
+class Abort:
+    """Ends an owner's wait at once, and says why: a second SIGTERM, or the successor
+    stopped taking. The first reason given stands."""
+
+    event: trio.Event = attrs.field(factory=trio.Event)
+    reason: Fallback = Fallback.FAST_SHUTDOWN
+
+    def set(self, reason: Fallback) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+
 @attrs.frozen
 class OwnerOutcome:
     """How the owner's wait ended: the successor's first sequences (stop at the cut), a
@@ -109,10 +123,10 @@ async def await_successor(
     successor: str,
     timeout: float,
     wall: Callable[[], float],
-    abort: trio.Event,
+    abort: Abort,
 ) -> OwnerOutcome:
     """Ask ``successor`` for a make-before-break hand-off and wait (at most ``timeout``) until
-    its standby holds every stream. ``abort`` (a fast shutdown) ends the wait at once. A
+    its standby holds every stream. ``abort`` ends the wait at once, for its reason. A
     request that is not answered in time is withdrawn, so a late answer finds nothing."""
     try:
         await store.request_handoff(shard, me, epoch, successor, wall())
@@ -124,15 +138,15 @@ async def await_successor(
     outcome = OwnerOutcome(fallback=Fallback.TIMEOUT)
     with trio.move_on_after(timeout):
         outcome = await _poll_for_ready(read, shard, me, epoch, successor, abort)
-    if outcome.fallback in (Fallback.TIMEOUT, Fallback.FAST_SHUTDOWN):
+    if outcome.fallback in (Fallback.TIMEOUT, Fallback.FAST_SHUTDOWN, Fallback.SUCCESSOR_LEFT):
         await _withdraw(store, shard, me, epoch)
     return outcome
 
 
 async def _poll_for_ready(
-    read: Read, shard: str, me: str, epoch: int, successor: str, abort: trio.Event
+    read: Read, shard: str, me: str, epoch: int, successor: str, abort: Abort
 ) -> OwnerOutcome:
-    while not abort.is_set():
+    while not abort.event.is_set():
         try:
             item = await read(shard)
         except StoreUnavailable as exc:
@@ -148,8 +162,8 @@ async def _poll_for_ready(
             if seen is OwnerSees.LOST:
                 return OwnerOutcome(lost=True)
         with trio.move_on_after(OWNER_POLL):
-            await abort.wait()
-    return OwnerOutcome(fallback=Fallback.FAST_SHUTDOWN)
+            await abort.event.wait()
+    return OwnerOutcome(fallback=abort.reason)
 
 
 async def _withdraw(store: LeaseStore, shard: str, me: str, epoch: int) -> None:
@@ -263,4 +277,4 @@ class Answer:
         return f"not released within {self.release_within:g}s"
 
 
-__all__ = ["TAKEN", "Answer", "OwnerOutcome", "ShardWatch", "await_successor"]
+__all__ = ["TAKEN", "Abort", "Answer", "OwnerOutcome", "ShardWatch", "await_successor"]

@@ -39,7 +39,7 @@ from supervisor.core.lease import OwnLease
 from supervisor.core.make_before_break import Fallback, HandoffPlan, Mode, min_cut
 from supervisor.core.restart_policy import RestartPolicy
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
-from supervisor.drivers.handoff import ShardWatch, await_successor
+from supervisor.drivers.handoff import Abort, ShardWatch, await_successor
 
 log = logging.getLogger("shardvisor.shard")
 
@@ -96,8 +96,7 @@ class ShardRunner:
     _leaving: trio.Event = attrs.field(factory=trio.Event)  # set once the state is leaving
     _stopping: trio.Event = attrs.field(factory=trio.Event)  # set once the child is to stop
     _handing_off: trio.Event = attrs.field(factory=trio.Event)  # make-before-break asked
-    _abort_handoff: trio.Event = attrs.field(factory=trio.Event)  # a fast stop cuts it short
-    _abort_reason: Fallback = Fallback.FAST_SHUTDOWN  # why it was cut short
+    _abort_handoff: Abort = attrs.field(factory=Abort)  # cuts the wait short, and says why
     _stop: StopRequest | None = None
     _min_cut: dict[str, int] = attrs.field(factory=dict)  # the stop's, after a hand-off
     _mode: Mode | None = None  # how the shard leaves for a peer, once decided
@@ -206,7 +205,7 @@ class ShardRunner:
         if self.state is RunnerState.HANDING_OFF:
             if grace == 0 and self._stop is not None:
                 self._stop = attrs.evolve(self._stop, grace=0.0)
-                self._abort_handoff.set()
+                self._abort_handoff.set(Fallback.FAST_SHUTDOWN)
             return
         mbb = plan.mode is Mode.MAKE_BEFORE_BREAK and self.state is RunnerState.RUNNING
         event = RunnerEvent.HAND_OFF if mbb else RunnerEvent.STOP_REQUESTED
@@ -233,9 +232,8 @@ class ShardRunner:
     def successor_left(self) -> None:
         """The successor we wait for stopped taking (a drain, a SIGTERM, a death): its standby
         will not come, so stop waiting for it and release to anyone rather than to it."""
-        if self.state is RunnerState.HANDING_OFF and not self._abort_handoff.is_set():
-            self._abort_reason = Fallback.SUCCESSOR_LEFT
-            self._abort_handoff.set()
+        if self.state is RunnerState.HANDING_OFF:
+            self._abort_handoff.set(Fallback.SUCCESSOR_LEFT)
 
     def _fall_back(self, why: Fallback) -> None:
         """Logged once and counted: this move to a peer is break-before-make."""
@@ -714,8 +712,6 @@ class ShardRunner:
             self._event(RunnerEvent.SUCCESSOR_READY)
         else:
             why = outcome.fallback or Fallback.TIMEOUT
-            if why is Fallback.FAST_SHUTDOWN:
-                why = self._abort_reason
             self._fall_back(why)
             if why is Fallback.SUCCESSOR_LEFT and self._stop is not None:
                 self._stop = attrs.evolve(self._stop, successor="")  # released to anyone

@@ -201,12 +201,17 @@ def test_over_target_worker_sheds_its_whole_excess_once_dwelt():
     assert settled.take == ()
 
 
-def test_a_hand_off_under_way_is_chosen_again_rather_than_another_shard():
-    """The daemon keeps a stopping shard until its release: it must not count as a new excess."""
-    shards = [shard(f"s{i}", "me", 1) for i in range(6)]
+def held_beside_b(count: int, epoch: int) -> tuple[list[ShardItem], PeerTracker, dict[str, int]]:
+    """``count`` shards all ours at ``epoch``, beside one live peer b: half of them too many."""
+    shards = [shard(f"s{i}", "me", epoch) for i in range(count)]
     tracker = PeerTracker(10.0)
     tracker.observe([worker("me", 1), worker("b", 1)], now=5.0)
-    held = {s.id: 1 for s in shards}
+    return shards, tracker, {s.id: epoch for s in shards}
+
+
+def test_a_hand_off_under_way_is_chosen_again_rather_than_another_shard():
+    """The daemon keeps a stopping shard until its release: it must not count as a new excess."""
+    shards, tracker, held = held_beside_b(6, epoch=1)
     lowest = min(held, key=lambda sid: rendezvous_rank("me", sid))  # the last one rank would pick
     result = plan(
         "me",
@@ -224,10 +229,7 @@ def test_a_shard_shed_then_taken_back_must_dwell_again_before_it_is_shed():
     """An operator drain sheds s0 (it cools down); a peer's SIGTERM hands it back a second
     later. Counting it as a hand-off under way would shed it at once, to a peer that may be
     the one shutting down (a rolling deploy lost data that way): it must dwell like any take."""
-    shards = [shard(f"s{i}", "me", 2) for i in range(4)]
-    tracker = PeerTracker(10.0)
-    tracker.observe([worker("me", 1), worker("b", 1)], now=5.0)
-    held = {s.id: 2 for s in shards}
+    shards, tracker, held = held_beside_b(4, epoch=2)
     since = dict.fromkeys(held, 0.0) | {"s0": 9.5}  # taken back after the drain shed it
     result = plan(
         "me",
