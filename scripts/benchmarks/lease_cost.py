@@ -13,15 +13,18 @@ checkpoints excluded (both systems write them; their count is the application's 
   fleet-wide assumed; the own-items backstop (its shards, consistent, every 10 min); and the
   vacant buckets and the sweeper's share, 0.03 RRU.
 * Protocol 1, per worker and second: the heartbeat; each round a consistent BatchGetItem of
-  every worker item (W RRU) and two index queries (0.5 RRU each); the hand-off poll, one index
-  query every 250 ms (vacant shards and hand-off notices); the full consistent Scan every 60 s
-  of S shard items of about 300 B.
+  the meta item, its own item and its K = 2 watched peers' (4 RRU), the worker ids from the
+  ``roster`` index (0.5 RRU per 4 KB of about 64 B entries) and the vacant shards (0.5 RRU);
+  every worker item (W RRU) again after each membership change, one a minute fleet-wide
+  assumed; the hand-off poll, one index query every 250 ms (vacant shards and hand-off
+  notices); the full consistent Scan every 60 s of S shard items of about 300 B.
 * KCL 2.x (../shared/reference/anchors.md): 0.302 renewal writes per lease per second, and every
   worker scanning the whole lease table (eventually consistent) every 20.05 s.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -47,6 +50,7 @@ MEMBER_BUCKETS = 64
 MEMBERSHIP_CHANGES_S = 1 / 60  # fleet-wide: one a minute
 BACKSTOP_S = 600.0
 BUCKETS_AND_SWEEPER_RRU = 0.03
+ROSTER_ENTRY_BYTES = 64  # a worker's entry in the roster index (pk, roster, id, kind)
 
 
 @attrs.frozen
@@ -109,8 +113,10 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
         + shards_per_worker * CONSISTENT / BACKSTOP_S
         + BUCKETS_AND_SWEEPER_RRU
     )
+    ids_rru = EVENTUAL * math.ceil(w * ROSTER_ENTRY_BYTES / READ_BYTES)
     p1_rru = (
-        (w * CONSISTENT + 2 * EVENTUAL) / ROUND_S  # BatchGetItem of every worker, 2 queries
+        ((2 + WATCHED_PEERS) * CONSISTENT + ids_rru + EVENTUAL) / ROUND_S
+        + w * CONSISTENT * MEMBERSHIP_CHANGES_S  # every item, after each change
         + poll_rru
         + table_units * CONSISTENT / FULL_SCAN_S
     )

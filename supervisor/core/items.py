@@ -78,6 +78,15 @@ class HandoffRequest:
 
 
 @attrs.frozen
+class WorkerRead:
+    """Some worker items and the fleet's membership generation, strongly consistent, in one
+    request (the meta item read beside them; 0 while no change was ever announced)."""
+
+    generation: int
+    workers: tuple[WorkerItem, ...] = ()
+
+
+@attrs.frozen
 class Vacancies:
     """What one query of the ``vacant`` roster lists: the unowned shards, and the hand-off
     notices of make-before-break requests (the hand-off poll's one request)."""

@@ -2,6 +2,8 @@
 
 * ``PeerTracker`` judges peers alive or dead the way KCL judges leases: by watching their
   heartbeat counter change on *our* monotonic clock. Wall clocks of other hosts are never compared.
+  Given a watch list (``watch``), it judges by counter only the peers it reads every round (the
+  watch ring's); the others are dead only when their item says so (a watcher's death notice).
 * ``OwnLease`` measures our own validity from when we *sent* our last successful heartbeat, so we
   stop before any peer can possibly declare us dead.
 See docs/lease-protocol.md for the argument why this never lets two workers write one shard.
@@ -16,6 +18,8 @@ import attrs
 from supervisor.core.items import WorkerItem
 
 _NEVER = float("-inf")
+# A clean exit, or a death notice (a watcher confirmed the counter still a full lease later).
+_GONE = frozenset({"stopped", "dead"})
 
 
 @attrs.define
@@ -31,6 +35,21 @@ class PeerTracker:
 
     duration: float
     _seen: dict[str, _Seen] = attrs.field(factory=dict)
+    # None: every peer is read every round, so every peer's counter is judged (protocol 1 as
+    # first built). A set: only these are; a counter we no longer read proves nothing.
+    _watched: frozenset[str] | None = None
+
+    def watch(self, peers: Iterable[str] | None) -> None:
+        """The peers read (strongly consistently) every round from now on. Judging a peer we
+        have just started reading needs no fresh start: every counter here came from a
+        consistent read, so one unchanged across reads ``duration`` apart is a death, however
+        far apart those reads were."""
+        self._watched = None if peers is None else frozenset(peers)
+
+    def _judged(self, worker_id: str, seen: _Seen) -> bool:
+        """Whether a still counter may declare this peer dead (an owner with no item at all
+        has no counter and no watcher: always judged from first sight)."""
+        return self._watched is None or worker_id in self._watched or seen.counter is None
 
     def observe(self, workers: Iterable[WorkerItem], now: float) -> None:
         for worker in workers:
@@ -49,9 +68,9 @@ class PeerTracker:
         seen = self._seen.get(worker_id)
         if seen is None:
             return False  # never observed: give it a full duration from first sight
-        if seen.state == "stopped":
-            return True  # retired cleanly: its children are gone
-        return now - seen.changed_at >= self.duration
+        if seen.state in _GONE:
+            return True  # retired cleanly (its children are gone), or declared dead
+        return self._judged(worker_id, seen) and now - seen.changed_at >= self.duration
 
     def next_due(self, now: float) -> float | None:
         """When the first peer not judged dead yet would be, if its counter does not change
@@ -59,8 +78,10 @@ class PeerTracker:
         at the lease rather than at the round after it."""
         dues = [
             seen.changed_at + self.duration
-            for seen in self._seen.values()
-            if seen.state != "stopped" and now - seen.changed_at < self.duration
+            for worker_id, seen in self._seen.items()
+            if seen.state not in _GONE
+            and self._judged(worker_id, seen)
+            and now - seen.changed_at < self.duration
         ]
         return min(dues, default=None)
 

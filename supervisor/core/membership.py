@@ -105,6 +105,64 @@ class MembershipView:
         return generation != self.generation or incomplete or now - self.read_at >= refresh
 
 
+@attrs.frozen
+class RosterView:
+    """Protocol 1's table, read without the O(W²) of reading every worker item every round.
+
+    Each round reads the ``roster`` index (the worker ids) and, strongly consistently in one
+    ``BatchGetItem``, the meta item, our own item and the K peers the watch ring gives us; every
+    item only when the view may be out of date: the generation moved since the last full read,
+    the ids changed (a worker of an older version joins without announcing), a watched peer
+    shows a change nobody announced, or ``refresh`` has passed. Every full read follows the
+    read that showed the generation it is recorded for, and every change is written before it
+    is announced, so a full read never records a generation whose change it missed.
+    """
+
+    generation: int  # as read in the round that decided the full read; -1: not yet known
+    ids: frozenset[str]
+    read_at: float
+    workers: tuple[WorkerItem, ...]  # as last read, fully or in part, in id order
+
+    @classmethod
+    def full(
+        cls, generation: int, ids: Iterable[str], workers: Iterable[WorkerItem], at: float
+    ) -> RosterView:
+        return cls(generation, frozenset(ids), at, tuple(sorted(workers, key=lambda w: w.id)))
+
+    def needs_full(self, generation: int, ids: Iterable[str], now: float, refresh: float) -> bool:
+        return (
+            generation != self.generation
+            or frozenset(ids) != self.ids
+            or (now - self.read_at >= refresh)
+        )
+
+    def updated(self, fresh: Iterable[WorkerItem]) -> RosterView:
+        """The view with some items read again (ours, the watched peers')."""
+        by_id = {worker.id: worker for worker in self.workers}
+        by_id.update((worker.id, worker) for worker in fresh if worker.id in self.ids)
+        return attrs.evolve(self, workers=tuple(by_id[k] for k in sorted(by_id)))
+
+    def unannounced(self, fresh: Iterable[WorkerItem]) -> tuple[str, ...]:
+        """Peers whose fresh item differs from the view in what the view is for (a change
+        whose announcement was lost, a child's ``orphaned`` mark, a worker of an older
+        version): the watcher announces it for them."""
+        by_id = {worker.id: worker for worker in self.workers}
+        return tuple(
+            worker.id
+            for worker in fresh
+            if worker.id in by_id and _membership_of(by_id[worker.id]) != _membership_of(worker)
+        )
+
+    def on_ring(self) -> tuple[str, ...]:
+        """Who someone must watch: every worker not gone (a draining or orphaned one may
+        still own shards until its lease runs out)."""
+        return tuple(w.id for w in self.workers if w.state not in GONE_STATES)
+
+
+def _membership_of(worker: WorkerItem) -> tuple[object, ...]:
+    return (worker.state, worker.max_shards, worker.max_standbys, worker.features, worker.standbys)
+
+
 def deal_excess(targets: Mapping[str, int], held: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
     """Name a successor for each shard a worker sheds, alike on every worker from one view.
 

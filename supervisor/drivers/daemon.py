@@ -38,12 +38,21 @@ from supervisor.adapters.spawn import Spawn, fresh_spawner
 from supervisor.config.loading import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
-from supervisor.core import handoff, health, make_before_break, round_policy, shard_set
+from supervisor.core import (
+    handoff,
+    health,
+    make_before_break,
+    peer_watch,
+    round_policy,
+    shard_set,
+    watch_ring,
+)
 from supervisor.core.handoff import LeaveReason
 from supervisor.core.health import SupervisorState
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.make_before_break import Adoption
+from supervisor.core.membership import MEMBERSHIP_REFRESH, RosterView
 from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import TAKEN, ShardWatch
@@ -104,6 +113,7 @@ class Supervisor:
         )
         self.keeper = StandbyKeeper(self.ctx, self._start_standby)
         self._advertised: tuple[str, ...] | None = None  # standbys our item shows
+        self._announced_state = ""  # our item's state as last announced (membership)
         self.heartbeat_problem: str | None = "no heartbeat yet"  # None: the last one landed
         # Held around each heartbeat write, and by the drain's retire: once our item says
         # "stopped", no heartbeat (sent a moment earlier, still in flight) overwrites it.
@@ -126,6 +136,7 @@ class Supervisor:
         self._ready_sent = False
         self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
         self._snapshot: Snapshot | None = None  # the last full scan (workers: last round's)
+        self._roster: RosterView | None = None  # the workers as last read (``_read_members``)
         self._scans = round_policy.ScanSchedule(lease.full_scan_interval)
         self._taking: set[str] = set()
         self._registered_at = float("inf")
@@ -258,6 +269,9 @@ class Supervisor:
             features=frozenset({FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}),
         )
         await self.store.register_worker(item)
+        self._advertised = item.standbys
+        self._announced_state = item.state
+        await self._announce("join")
         self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
         log.info(
@@ -291,6 +305,9 @@ class Supervisor:
                         self.worker_id, self.session, state, self.wall(), standbys
                     )
                 self._advertised = ready
+            if standbys is not None or state != self._announced_state:
+                self._announced_state = state
+                await self._announce("state")  # peers re-read every worker item
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
@@ -310,6 +327,7 @@ class Supervisor:
             # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
             # peers may own our shards now. Never extend a fence across that gap.
             self._lose_all("own lease lapsed before the heartbeat")
+            await self._announce("rejoin")  # a watcher may have declared us dead meanwhile
         self.lease.heartbeat_succeeded(sent)
         deadline = self.lease.valid_until
         for runner in list(self.runners.values()):
@@ -368,12 +386,79 @@ class Supervisor:
             interval = self.config.lease.reconcile_interval
             await trio.sleep(round_policy.next_round_in(now, interval, self.tracker.next_due(now)))
 
+    async def _read_members(self) -> tuple[WorkerItem, ...]:
+        """The round's view of the workers (``membership.RosterView``): our own item and the
+        peers we watch, read every round; every item only when the view may be out of date.
+        Declares the watched peers whose counter stood still for a lease (a death notice)."""
+        ids = await self.store.worker_ids()
+        view = self._roster
+        watched = watch_ring.watched_by(self.worker_id, view.on_ring()) if view else ()
+        fresh = await self.store.read_worker_items({self.worker_id, *watched} & set(ids))
+        now = self.now()
+        if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
+            # Recorded for the generation read *before* it: every change is written first
+            # and announced after, so this read holds every change that generation counts.
+            everyone = await self.store.read_worker_items(ids)
+            now = self.now()
+            generation = fresh.generation if view is not None else -1  # -1: read again
+            view = RosterView.full(generation, ids, everyone.workers, now)
+            fresh = everyone
+        else:
+            missed = [w for w in view.unannounced(fresh.workers) if w != self.worker_id]
+            view = view.updated(fresh.workers)
+            if missed:
+                log.info("announcing a change nobody announced: %s", ", ".join(missed))
+                await self._announce("unannounced")
+        self._roster = view
+        # Judged by counter: the peers we watch that this round read (a peer the ring gave us
+        # only now is judged from the next round on, when a read backs its counter).
+        read = {worker.id for worker in fresh.workers}
+        judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & read
+        self.tracker.watch(judged)
+        self.tracker.observe(fresh.workers, now)
+        for worker in fresh.workers:
+            gone = worker.state in peer_watch.GONE_STATES
+            if worker.id in judged and not gone and self.tracker.is_dead(worker.id, now):
+                await self._declare_dead(worker)
+        return view.workers
+
+    async def _declare_dead(self, worker: WorkerItem) -> None:
+        """A watched peer's counter stood still for a full lease on our clock, as this round's
+        strongly consistent read confirms: write its death notice (conditional on exactly that
+        counter and session) and announce it, so that peers not watching it learn it at
+        their next round. A notice that fails was written by its other watcher, or the peer
+        beat meanwhile; either way the next read tells."""
+        try:
+            written = await self.store.death_notice(
+                worker.id, worker.counter, worker.session, self.worker_id
+            )
+        except LeaseStoreError as exc:
+            log.warning("death notice for %s not written: %s", worker.id, exc)
+            return
+        if written:
+            log.warning(
+                "declared worker %s dead: its heartbeat counter %d stood still for %ss",
+                worker.id,
+                worker.counter,
+                self.config.lease.duration,
+                extra={"worker": worker.id},
+            )
+            await self._announce("death")  # after the write: peers read the table, not an index
+
+    async def _announce(self, why: str) -> None:
+        """Raise the membership generation after writing a change (bounded, best effort: a
+        lost announcement is made by the changed worker's watchers, who see the change)."""
+        with trio.move_on_after(MEMBERS_READ_TIMEOUT):
+            try:
+                await self.store.announce(why)
+            except LeaseStoreError as exc:
+                log.warning("membership change (%s) not announced: %s", why, exc)
+
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only
         when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
-        workers = await self.store.read_workers()
+        workers = await self._read_members()
         now = self.now()
-        self.tracker.observe(workers, now)
         for runner in self.runners.values():
             successor = runner.handing_off_to
             if successor and not self.tracker.is_live_member(successor, now):
@@ -809,6 +894,7 @@ class Supervisor:
                 async with self._heartbeat_lock:
                     self._retired = True
                     await self.store.retire_worker(self.worker_id, self.session, self.wall())
+                await self._announce("stop")
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
         log.info("drained in %.2fs", self.now() - started)

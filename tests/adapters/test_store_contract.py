@@ -324,6 +324,38 @@ async def test_read_workers_lists_every_worker_without_reading_shards(store: Lea
     assert [(w.id, w.session, w.counter) for w in workers] == [("w1", "a", 1), ("w2", "b", 0)]
 
 
+async def test_worker_items_are_read_by_id_beside_the_membership_generation(
+    store: LeaseStore,
+) -> None:
+    for worker_id in ("w3", "w1", "w2"):
+        await store.register_worker(worker(worker_id, session=worker_id))
+    await store.ensure_shard("a")
+    assert await store.worker_ids() == ("w1", "w2", "w3")
+    first = await store.read_worker_items(["w3", "w1", "nobody"])
+    assert first.generation == 0  # nothing announced yet: no meta item
+    assert [w.id for w in first.workers] == ["w1", "w3"]
+    assert await store.announce("join") == 1
+    assert await store.announce("state") == 2
+    assert (await store.read_worker_items([])).generation == 2
+
+
+async def test_a_death_notice_needs_the_counter_and_session_it_was_confirmed_on(
+    store: LeaseStore,
+) -> None:
+    await store.register_worker(worker("w1", session="a"))
+    await store.heartbeat("w1", "a", "running", 1.0)  # counter 1
+    assert not await store.death_notice("w1", 0, "a", "w2")  # it beat since: alive
+    assert not await store.death_notice("w1", 1, "b", "w2")  # another incarnation
+    assert await store.death_notice("w1", 1, "a", "w2")
+    assert not await store.death_notice("w1", 1, "a", "w3")  # its other watcher: too late
+    (item,) = (await store.read_worker_items(["w1"])).workers
+    assert (item.state, item.counter) == ("dead", 1)
+    # A protocol-1 heartbeat of the declared worker (it was frozen) lands and says running:
+    # it finds its own lease lapsed and drops everything, as before (docs/lease-protocol.md).
+    await store.heartbeat("w1", "a", "running", 2.0)
+    assert [w.state for w in await store.read_workers()] == ["running"]
+
+
 async def test_vacant_shards_lists_exactly_the_unowned_ones(store: LeaseStore) -> None:
     for shard_id in ("a", "b", "c"):
         await store.ensure_shard(shard_id)

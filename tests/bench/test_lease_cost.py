@@ -18,8 +18,10 @@ def test_twenty_workers_by_hand() -> None:
     # protocol 2: per worker 0.5 WRU/s and 0.55 + 0.25 + 2 + 0.5333 + 0.1667 + 0.03 RRU/s
     assert cost.protocol2.wru_s == pytest.approx(10.0)
     assert cost.protocol2.rru_s == pytest.approx(20 * 3.53)
-    # protocol 1: per worker (20 + 1) / 2 s + 2 (poll) + 2,000 x 300 B / 4 KB / 60 s RRU/s
-    assert cost.protocol1.rru_s == pytest.approx(20 * (10.5 + 2 + 2000 * 300 / 4096 / 60))
+    # protocol 1: per worker, a round's (meta, own and 2 watched items) + ids + vacant
+    # shards every 2 s, every item once a minute, the poll, 2,000 x 300 B / 4 KB every 60 s
+    per_worker = (4 + 0.5 + 0.5) / 2 + 20 / 60 + 2 + 2000 * 300 / 4096 / 60
+    assert cost.protocol1.rru_s == pytest.approx(20 * per_worker)
     # KCL 2.x: 0.302 renewals per lease per s; each worker scans 2,000 x 300 B every 20.05 s
     assert cost.kcl_renewals.wru_s == pytest.approx(604.0)
     assert cost.kcl_scans.rru_s == pytest.approx(20 * 2000 * 300 / 4096 * 0.5 / 20.05)

@@ -70,6 +70,30 @@ def test_owner_without_worker_item_gets_a_duration_from_first_sight():
     assert tracker.is_dead("ghost", 60.0)
 
 
+def test_watching_a_few_peers_judges_only_their_counters_and_the_rest_by_their_items():
+    """A worker reads only its watched peers every round; a counter it no longer reads proves
+    nothing, so the others are dead only when their item says so (a watcher's notice)."""
+    tracker = PeerTracker(10.0)
+    tracker.observe([worker("a", 5), worker("b", 5), worker("c", 5)], now=100.0)
+    tracker.watch(["a"])
+    tracker.observe([worker("a", 5)], now=110.0)
+    assert tracker.is_dead("a", 110.0)
+    assert not tracker.is_dead("b", 500.0)  # not read since 100: not judged
+    assert tracker.is_live_member("b", 500.0)
+    tracker.observe([worker("c", 5, state="dead")], now=111.0)  # its watchers' notice
+    assert tracker.is_dead("c", 111.0) and not tracker.is_live_member("c", 111.0)
+    assert tracker.next_due(105.0) == 110.0 and tracker.next_due(110.0) is None  # b: never
+    tracker.observe_owner("ghost", 120.0)  # an owner with no item has no watcher
+    assert tracker.is_dead("ghost", 130.0)
+    # Watched from now on: every counter here came from a consistent read, so b's, still
+    # the same 410 s later, is a death, with no fresh clock needed.
+    tracker.watch(["a", "b"])
+    tracker.observe([worker("b", 5)], now=510.0)
+    assert tracker.is_dead("b", 510.0)
+    tracker.watch(None)  # everyone read every round, as protocol 1 was first built
+    assert tracker.is_dead("b", 510.0) and tracker.next_due(510.0) is None
+
+
 def test_retired_worker_is_dead_at_once():
     tracker = PeerTracker(10.0)
     tracker.observe([worker("a", 3, state="stopped")], now=1.0)

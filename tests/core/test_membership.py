@@ -3,9 +3,11 @@
 import hypothesis.strategies as st
 from hypothesis import given
 
+from supervisor.core.items import WorkerItem
 from supervisor.core.membership import (
     Member,
     MembershipView,
+    RosterView,
     announces,
     deal_excess,
     view_targets,
@@ -79,3 +81,33 @@ def test_dealing_never_overfills_a_member_and_names_one_successor_per_shed_shard
         assert after <= targets[worker]
     # Every shard the fleet sheds finds a short member when the totals match.
     assert "" not in [name for names in dealt.values() for name in names]
+
+
+def worker(worker_id, state="running", counter=0, **more):
+    return WorkerItem(worker_id, "s", counter, state, 0.0, 0.0, **more)
+
+
+def test_protocol_1s_table_is_read_in_full_only_when_its_members_may_have_changed():
+    roster = RosterView.full(7, ["a", "b"], [worker("b"), worker("a")], at=0.0)
+    assert [w.id for w in roster.workers] == ["a", "b"]
+    assert not roster.needs_full(7, ["b", "a"], now=299.0, refresh=300.0)
+    assert roster.needs_full(8, ["a", "b"], now=1.0, refresh=300.0)  # announced
+    assert roster.needs_full(7, ["a", "b", "c"], now=1.0, refresh=300.0)  # an older joiner
+    assert roster.needs_full(7, ["a", "b"], now=300.0, refresh=300.0)  # the backstop
+    unknown = RosterView.full(-1, ["a"], [worker("a")], at=0.0)  # the first read
+    assert unknown.needs_full(0, ["a"], now=1.0, refresh=300.0)
+
+
+def test_a_partial_read_updates_the_view_and_shows_what_nobody_announced():
+    roster = RosterView.full(1, ["a", "b", "c"], [worker("a"), worker("b"), worker("c")], 0.0)
+    fresh = [worker("a", counter=5), worker("b", "draining", counter=9), worker("z")]
+    assert roster.unannounced(fresh) == ("b",)  # a heartbeat is not a change; z is unknown
+    assert roster.unannounced([worker("c", standbys=("s1",))]) == ("c",)
+    updated = roster.updated(fresh)
+    assert [(w.id, w.counter, w.state) for w in updated.workers] == [
+        ("a", 5, "running"),
+        ("b", 9, "draining"),
+        ("c", 0, "running"),
+    ]
+    gone = roster.updated([worker("a", "dead"), worker("b", "stopped"), worker("c", "orphaned")])
+    assert gone.on_ring() == ("c",)

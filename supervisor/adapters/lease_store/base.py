@@ -17,6 +17,7 @@ from supervisor.core.items import (
     Snapshot,
     Vacancies,
     WorkerItem,
+    WorkerRead,
 )
 
 
@@ -78,6 +79,21 @@ class LeaseStore(Protocol):
 
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         """Every worker item, strongly consistent, without reading any shard item."""
+
+    async def worker_ids(self) -> tuple[str, ...]:
+        """The ids of every worker item (the ``roster`` index: small, eventually consistent)."""
+
+    async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
+        """These worker items and the membership generation, strongly consistent (liveness is
+        judged on these counters). A worker with no item is left out."""
+
+    async def announce(self, why: str) -> int:
+        """Raise the membership generation (after writing the change it announces: peers
+        that see it re-read every worker item). The new generation."""
+
+    async def death_notice(self, worker_id: str, counter: int, session: str, by: str) -> bool:
+        """``state = dead`` if the item still shows ``counter`` and ``session`` and is not dead
+        already (its watcher confirmed it a full lease later); False if not written."""
 
     async def vacancies(self) -> Vacancies:
         """The unowned shards and the hand-off notices (the requests of owners that list one,

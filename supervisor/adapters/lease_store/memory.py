@@ -30,6 +30,7 @@ from supervisor.core.items import (
     Vacancies,
     VacantShard,
     WorkerItem,
+    WorkerRead,
 )
 from supervisor.core.membership import Member
 
@@ -47,6 +48,9 @@ OPERATIONS = frozenset(
         "checkpoint",
         "release",
         "read_workers",
+        "worker_ids",
+        "read_worker_items",
+        "announce",
         "poke",
         "add_shard",
         "retire_shard",
@@ -248,6 +252,23 @@ class MemoryLeaseStore:
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         table = await self._enter("read_workers")
         return tuple(table.workers[k] for k in sorted(table.workers))
+
+    async def worker_ids(self) -> tuple[str, ...]:
+        table = await self._enter("worker_ids")
+        return tuple(sorted(table.workers))
+
+    async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
+        table = await self._enter("read_worker_items")
+        found = sorted(set(worker_ids) & table.workers.keys())
+        return WorkerRead(table.generation, tuple(table.workers[k] for k in found))
+
+    async def announce(self, why: str) -> int:
+        table = await self._enter("announce")
+        table.generation += 1
+        return table.generation
+
+    async def death_notice(self, worker_id: str, counter: int, session: str, by: str) -> bool:
+        return await self.fleet().death_notice(worker_id, counter, session, by)
 
     async def vacancies(self) -> Vacancies:
         table = await self._enter("vacancies")

@@ -134,8 +134,10 @@ class MemoryFleet:
             return False
         table.workers[worker_id] = attrs.evolve(item, state="dead")
         generation = await self._bump()
-        self._set_member(attrs.evolve(table.members[worker_id], state="dead", mgen=generation))
-        self.meter.index_write(keys.worker_key(worker_id), keys.worker_key(worker_id))
+        member = table.members.get(worker_id)
+        if member is not None:  # listed in the fleet index (a protocol-2 join)
+            self._set_member(attrs.evolve(member, state="dead", mgen=generation))
+            self.meter.index_write(keys.worker_key(worker_id), keys.worker_key(worker_id))
         return True
 
     # --- shards -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from supervisor.core.items import (
     Snapshot,
     Vacancies,
     WorkerItem,
+    WorkerRead,
 )
 
 if TYPE_CHECKING:
@@ -232,13 +233,29 @@ class DynamoLeaseStore:
     # --- reads ------------------------------------------------------------------------------
 
     async def read_workers(self) -> tuple[WorkerItem, ...]:
+        return (await self.read_worker_items(await self.worker_ids())).workers
+
+    async def worker_ids(self) -> tuple[str, ...]:
         listed = await self._query_roster("read_workers", t.ROSTER_WORKER)
-        keys = [{t.PK: item[t.PK]} for item in listed]
-        workers: list[WorkerItem] = []
+        return tuple(sorted(codec.read_str(item, t.ID) for item in listed))
+
+    async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
+        """One consistent ``BatchGetItem`` (per 100 keys) of the items and the meta item."""
+        keys = [t.meta_key()] + [worker_key(worker_id) for worker_id in sorted(worker_ids)]
+        generation, workers = 0, []
         for start in range(0, len(keys), _BATCH_GET_KEYS):
-            items = await self.batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS])
-            workers += [codec.worker_from(item) for item in items]
-        return tuple(sorted(workers, key=lambda w: w.id))
+            for item in await self.batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS]):
+                if item[t.PK] == t.meta_key()[t.PK]:
+                    generation = codec.read_int(item, t.GENERATION)
+                else:
+                    workers.append(codec.worker_from(item))
+        return WorkerRead(generation, tuple(sorted(workers, key=lambda w: w.id)))
+
+    async def announce(self, why: str) -> int:
+        return await self.fleet()._bump("announce")
+
+    async def death_notice(self, worker_id: str, counter: int, session: str, by: str) -> bool:
+        return await self.fleet().death_notice(worker_id, counter, session, by)
 
     async def vacancies(self) -> Vacancies:
         listed = await self._query_roster("vacancies", t.ROSTER_VACANT)

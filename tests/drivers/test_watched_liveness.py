@@ -1,0 +1,133 @@
+"""Liveness read without O(W²) (issue 16): each round reads our own item and the K peers the
+watch ring gives us; every worker item only after an announced membership change.
+
+A fleet on the in-memory store under trio's MockClock: how many items a round reads, a death
+declared by its watchers and learnt by everyone else from the notice, a change nobody
+announced (a worker of an older version) announced by its watchers, and a frozen worker that
+comes back. The same rules run on real processes and both DynamoDB servers in the end-to-end
+fleet tests (host deaths, the chaos test, the fence under freezes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import trio
+from test_supervisor_driver import DURATION, HEARTBEAT, RECONCILE, Harness, doomed_run
+
+from supervisor.adapters.lease_store.memory import MemoryLeaseStore
+from supervisor.core import watch_ring
+from supervisor.core.items import WorkerItem, WorkerRead
+
+WORKERS = ("w1", "w2", "w3", "w4", "w5")
+
+
+class CountsItemsRead(MemoryLeaseStore):
+    """A worker's store handle that records how many worker items each read asked for."""
+
+    def __init__(self, shared: MemoryLeaseStore) -> None:
+        super().__init__()
+        self._table = shared._table
+        self.asked: list[int] = []
+
+    async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
+        self.asked.append(len(worker_ids))
+        return await super().read_worker_items(worker_ids)
+
+
+async def owners_of(h: Harness) -> set[str]:
+    return {owner for owner, _ in (await h.owners()).values()}
+
+
+async def test_a_round_reads_three_worker_items_and_a_death_reaches_every_worker(autojump_clock):
+    h = Harness(shards=10)
+    stores = {w: CountsItemsRead(h.store) for w in WORKERS}
+    sups = {w: h.supervisor(w, stores[w]) for w in WORKERS}
+    victim = "w3"
+    doomed = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        for w in WORKERS:
+            if w == victim:
+                await nursery.start(doomed_run, sups[w], doomed)
+            else:
+                await nursery.start(sups[w].run)
+        await trio.sleep(6 * DURATION)  # joined, announced, balanced
+        for store in stores.values():
+            store.asked.clear()
+        await trio.sleep(20 * RECONCILE)
+        # A steady round: our own item and the two watched peers, never the whole fleet.
+        for w, store in stores.items():
+            assert store.asked and max(store.asked) == 3, (w, store.asked)
+        held = {s for s, (o, _) in (await h.owners()).items() if o == victim}
+        assert held, "the victim owns shards to lose"
+        stores[victim].unavailable = True  # a dead host: nothing it sends lands
+        doomed.cancel()
+        died = trio.current_time()
+        with trio.fail_after(4 * DURATION):
+            while victim in await owners_of(h):
+                await trio.sleep(0.1)
+        took = trio.current_time() - died
+        # Its watchers declared it at its lease; the others learnt it at their next round.
+        assert took <= DURATION + 2 * RECONCILE
+        item = (await h.store.read_worker_items([victim])).workers[0]
+        assert item.state == "dead"
+        survivors = [w for w in WORKERS if w != victim]
+        watchers = set(watch_ring.watchers_of(victim, WORKERS))
+        assert watchers < set(survivors)  # two of four watch it; all four must know
+        await trio.sleep(RECONCILE)
+        for w in survivors:
+            assert sups[w].tracker.is_dead(victim, trio.current_time()), w
+        new_owners = {o for s, (o, _) in (await h.owners()).items() if s in held}
+        assert new_owners <= set(survivors)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_change_nobody_announced_is_announced_by_its_watchers(autojump_clock):
+    """A worker of an older version announces nothing: its watchers see it drain in their
+    round's read, raise the generation, and every worker re-reads every item."""
+    h = Harness(shards=4)
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2", "w3", "w4")}
+    older = h.store.peer()
+    await older.register_worker(WorkerItem("w0", "old-session", 0, "running", 0.0, 0.0))
+    state = ["running"]
+
+    async def heartbeats_of_an_older_version() -> None:
+        while True:
+            await older.heartbeat("w0", "old-session", state[0], 0.0)
+            await trio.sleep(HEARTBEAT)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeats_of_an_older_version)
+        for sup in sups.values():
+            await nursery.start(sup.run)
+        await trio.sleep(3 * DURATION)
+        before = (await h.store.read_worker_items(())).generation
+        state[0] = "draining"
+        await trio.sleep(3 * RECONCILE)
+        assert (await h.store.read_worker_items(())).generation > before
+        for w, sup in sups.items():
+            assert sup._roster is not None
+            seen = {worker.id: worker.state for worker in sup._roster.workers}
+            assert seen["w0"] == "draining", w
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_frozen_worker_declared_dead_comes_back_and_is_counted_again(autojump_clock):
+    h = Harness(shards=4)
+    w1_store = h.store.peer()
+    w1, w2 = h.supervisor("w1", w1_store), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await nursery.start(w2.run)
+        await trio.sleep(4 * DURATION)
+        assert await owners_of(h) == {"w1", "w2"}
+        w1_store.unavailable = True  # frozen, as far as the table can tell
+        await trio.sleep(DURATION + 2 * RECONCILE)
+        assert await owners_of(h) == {"w2"}
+        assert (await h.store.read_worker_items(["w1"])).workers[0].state == "dead"
+        w1_store.unavailable = False  # back: its next heartbeat finds its lease lapsed
+        await trio.sleep(4 * DURATION)
+        now = trio.current_time()
+        assert w2.tracker.is_live_member("w1", now)
+        assert await owners_of(h) == {"w1", "w2"}  # balanced again
+        nursery.cancel_scope.cancel()
