@@ -7,8 +7,8 @@ lease cost beside protocol 1 and KCL 2.x*; its table is this function's output a
 checkpoints excluded (both systems write them; their count is the application's choice).
 
 * Protocol 2, per worker and second (each term is flat in the fleet's size): a heartbeat
-  (1 WRU per ``h``); watch reads of K = 2 peers, about 1.1 eventually consistent GetItems per
-  peer per ``h``; the meta item each round (0.5 RRU); the hand-off poll (0.5 RRU per 250 ms);
+  (1 WRU per ``h``); watch reads of K = 2 peers, about 1.25 eventually consistent GetItems
+  per peer per ``h``; the meta item each round (0.5 RRU); the hand-off poll (0.5 RRU per 250 ms);
   the member list re-read (64 buckets x 0.5 RRU) once per membership change, one a minute
   fleet-wide assumed; the own-items backstop (its shards, consistent, every 10 min); and the
   vacant buckets and the sweeper's share, 0.03 RRU.
@@ -45,7 +45,7 @@ EVENTUAL, CONSISTENT = 0.5, 1.0  # read units per 4 KB
 SHARD_ITEM_BYTES = 300  # a shard item with its checkpoint, about
 # protocol 2 (docs/lease-protocol.md, *Cost per worker and for the fleet*)
 WATCHED_PEERS = 2
-WATCH_READS_PER_HEARTBEAT = 1.1  # per peer, with steady heartbeats
+WATCH_READS_PER_HEARTBEAT = 1.25  # per peer: one, and a look early every 4th (peer_watch)
 MEMBER_BUCKETS = 64
 MEMBERSHIP_CHANGES_S = 1 / 60  # fleet-wide: one a minute
 BACKSTOP_S = 600.0
@@ -105,8 +105,9 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
     table_units = shards * SHARD_ITEM_BYTES / READ_BYTES  # 4 KB units of one full read
     heartbeat_wru = 1 / HEARTBEAT_S
     poll_rru = EVENTUAL / HANDOFF_POLL_S  # one query: successor = me (2), vacant (1)
+    watch_rru = WATCHED_PEERS * WATCH_READS_PER_HEARTBEAT / HEARTBEAT_S * EVENTUAL
     p2_rru = (
-        WATCHED_PEERS * WATCH_READS_PER_HEARTBEAT / HEARTBEAT_S * EVENTUAL
+        watch_rru
         + EVENTUAL / ROUND_S  # the meta item
         + poll_rru
         + MEMBER_BUCKETS * EVENTUAL * MEMBERSHIP_CHANGES_S
@@ -116,6 +117,7 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
     ids_rru = EVENTUAL * math.ceil(w * ROSTER_ENTRY_BYTES / READ_BYTES)
     p1_rru = (
         ((2 + WATCHED_PEERS) * CONSISTENT + ids_rru + EVENTUAL) / ROUND_S
+        + watch_rru
         + w * CONSISTENT * MEMBERSHIP_CHANGES_S  # every item, after each change
         + poll_rru
         + table_units * CONSISTENT / FULL_SCAN_S

@@ -59,6 +59,16 @@ class PeerTracker:
             else:
                 seen.state = worker.state
 
+    def saw_counter(self, worker_id: str, counter: int, now: float) -> None:
+        """A counter from an eventually consistent read of a peer we already know: a higher
+        one starts its clock anew (a value seen at ``now`` was written no later than ``now``,
+        so the clock can only start late, never early); a lower one is a stale replica and an
+        equal one tells nothing new. A death is still declared only after a strongly
+        consistent read (the reconcile round's) shows the counter unchanged."""
+        seen = self._seen.get(worker_id)
+        if seen is not None and seen.counter is not None and counter > seen.counter:
+            seen.counter, seen.changed_at = counter, now
+
     def observe_owner(self, owner: str, now: float) -> None:
         """An owner with no worker item at all: start its clock at first sight."""
         if owner and owner not in self._seen:

@@ -1,8 +1,9 @@
 """When to read a watched peer and when its death falls due, on the local monotonic clock.
 
 Protocol 2 (docs/lease-protocol.md): a worker reads only the K peers the watch ring gives it,
-eventually consistently, phase-locked to their heartbeats (one read about ``heartbeat_interval``
-after each change, then every ``poll`` until the next one). A peer whose counter has not moved
+eventually consistently, phase-locked to their heartbeats (polls until the first change, then
+one read a ``heartbeat_interval`` after each change, one poll earlier every ``PROBE_EVERY``-th
+time, and every ``poll`` while a read shows no change). A peer whose counter has not moved
 for ``duration`` since our *first* observation of it is *due*: then, and only then, one strongly
 consistent read confirms it before anyone may write its death notice. So a stale replica can
 delay a death but never hasten it, and nothing is ever declared on an eventually consistent
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 import attrs
 
 _NEVER = float("inf")
+PROBE_EVERY = 4  # one heartbeat in this many is looked for a poll before it should land
 GONE_STATES = frozenset({"stopped", "dead"})  # a clean exit, or a notice someone wrote already
 
 
@@ -53,6 +55,10 @@ class PeerClock:
     heartbeat_interval: float
     seen: Seen | None = None
     changed_at: float = _NEVER  # arrival of our first observation of ``seen.counter``
+    beats: int = 0  # changes seen since the first sight
+    early: float = 0.0  # how far ahead of the expected landing the next read looks
+    landed: float = _NEVER  # when, about, the counter we hold landed (our clock)
+    polled: bool = False  # a read since the last change showed no change
     next_read_at: float = float("-inf")  # read at once
 
     @property
@@ -66,13 +72,38 @@ class PeerClock:
         """An eventually consistent read arrived at ``at``. A lower counter than the one we
         hold is a stale replica (counters only rise): ignored, the clock keeps running."""
         old = self.seen
-        if old is None or seen.session != old.session or seen.counter > old.counter:
-            self.seen, self.changed_at = seen, at
-            self.next_read_at = at + self.heartbeat_interval
+        if old is None or seen.session != old.session:
+            # Its rhythm is unknown: poll until the first change shows, which then lands
+            # within a poll of our read.
+            self.seen, self.changed_at, self.beats = seen, at, 0
+            self.landed, self.next_read_at = _NEVER, at + self.poll
+            return
+        if seen.counter > old.counter:
+            self._changed(seen, at)
             return
         if seen.counter == old.counter:
             self.seen = seen  # a state written without a heartbeat (orphaned, dead)
+            self.polled = True
         self.next_read_at = min(at + self.poll, max(self.due_at(), at))
+
+    def _changed(self, seen: Seen, at: float) -> None:
+        """A new counter. It landed no later than ``at``; if a read since the last change
+        showed none, after that read (within a poll), else about a heartbeat after the last
+        one landed. The next lands a heartbeat later: read a fifth of a poll after that (a
+        look at the very instant misses it as often as not, and costs a poll). Every
+        PROBE_EVERY-th time read a poll early and poll until it shows, so a rhythm we read
+        late (a heartbeat that came late, then on time again) is found out; while an early
+        read still finds the change already there, the next looks twice as early. 1 +
+        1/PROBE_EVERY reads a heartbeat, where always looking early would cost two."""
+        heartbeat = self.heartbeat_interval
+        self.landed = at if self.polled else min(at, self.landed + heartbeat)
+        self.beats += 1
+        if not self.polled and self.early > 0:
+            early = min(2 * self.early, heartbeat / 2)  # still late
+        else:
+            early = self.poll if self.beats % PROBE_EVERY == 0 else 0.0
+        self.seen, self.changed_at, self.early, self.polled = seen, at, early, False
+        self.next_read_at = max(at, self.landed + heartbeat + self.poll / 5 - early)
 
     def read_failed(self, at: float) -> None:
         """The read (or the confirmation) did not answer: try again one poll later. The
@@ -139,6 +170,16 @@ class WatchBook:
 
     def gone(self, now: float) -> tuple[str, ...]:
         return tuple(p for p, c in self.clocks.items() if c.standing(now) is Standing.GONE)
+
+    def next_read(self, now: float) -> float:
+        """When the next eventually consistent read is due (not before ``now``): the driver of
+        protocol 1 confirms due peers in its reconcile round, so only reads wake it."""
+        times = [
+            max(clock.next_read_at, now)
+            for clock in self.clocks.values()
+            if clock.standing(now) in (Standing.UNSEEN, Standing.ALIVE)
+        ]
+        return min(times, default=_NEVER)
 
     def next_wake(self, now: float) -> float:
         """When the driver must act next: a read time or a due time, whichever comes first (a

@@ -92,6 +92,9 @@ class Supervisor:
         lease = config.lease
         self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
         self.tracker = PeerTracker(lease.duration)
+        # When to read the watched peers between rounds (their heartbeats' rhythm).
+        self.book = peer_watch.WatchBook(lease.duration, lease.heartbeat_interval)
+        self._ring_moved = trio.Event()
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
         self.metrics = metrics or Metrics()
         self.metrics.info.labels(worker_id).set(1)
@@ -217,6 +220,7 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
+            nursery.start_soon(self._watch_loop)
             nursery.start_soon(self.watch.run)
             if self.config.lease.handoff_poll_interval > 0:
                 nursery.start_soon(self._handoff_poll_loop)
@@ -416,11 +420,58 @@ class Supervisor:
         judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & read
         self.tracker.watch(judged)
         self.tracker.observe(fresh.workers, now)
+        if set(self.book.clocks) != judged:  # its own reads find each new peer's rhythm
+            self.book.watch(judged)
+            self._ring_moved.set()
+        for worker in fresh.workers:  # a peer the watch loop left to this round, still alive
+            clock = self.book.clocks.get(worker.id)
+            if (
+                clock is not None
+                and clock.seen is not None
+                and (
+                    clock.standing(now) is peer_watch.Standing.DUE
+                    and (worker.counter, worker.session) != (clock.seen.counter, clock.seen.session)
+                )
+            ):
+                self.book.clocks[worker.id] = peer_watch.PeerClock(
+                    self.config.lease.duration, self.config.lease.heartbeat_interval
+                )
+                self._ring_moved.set()
         for worker in fresh.workers:
             gone = worker.state in peer_watch.GONE_STATES
             if worker.id in judged and not gone and self.tracker.is_dead(worker.id, now):
                 await self._declare_dead(worker)
         return view.workers
+
+    async def _watch_loop(self) -> None:
+        """Between rounds, read each watched peer eventually consistently about when its next
+        heartbeat should land, then every quarter heartbeat (at most 250 ms) until it does
+        (``peer_watch``): the lease's clock then starts within that of the heartbeat, not up
+        to a round later, and the round that falls due (``PeerTracker.next_due``) confirms
+        with its strongly consistent read. Half a read unit per read, K peers."""
+        heartbeat = self.config.lease.heartbeat_interval
+        while True:
+            now = self.now()
+            with trio.move_on_after(min(self.book.next_read(now), now + heartbeat) - now):
+                await self._ring_moved.wait()  # a round watches other peers now
+            if self._ring_moved.is_set():
+                self._ring_moved = trio.Event()
+            for peer in self.book.to_read(self.now()):
+                try:
+                    with trio.fail_after(heartbeat):
+                        seen = await self.store.watch_read(peer)
+                except (StoreUnavailable, trio.TooSlowError) as exc:
+                    log.debug("watch read of %s failed: %s", peer, exc)
+                    seen = None
+                at = self.now()
+                clock = self.book.clocks.get(peer)
+                if clock is None:  # the ring moved on meanwhile
+                    continue
+                if seen is None:
+                    clock.read_failed(at)
+                    continue
+                clock.observe(seen, at)
+                self.tracker.saw_counter(peer, seen.counter, at)
 
     async def _declare_dead(self, worker: WorkerItem) -> None:
         """A watched peer's counter stood still for a full lease on our clock, as this round's

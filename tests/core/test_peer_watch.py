@@ -9,7 +9,14 @@ and check the safety argument of docs/lease-protocol.md: a death is confirmed no
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from supervisor.core.peer_watch import PeerClock, Seen, Standing, WatchBook, watch_poll
+from supervisor.core.peer_watch import (
+    PROBE_EVERY,
+    PeerClock,
+    Seen,
+    Standing,
+    WatchBook,
+    watch_poll,
+)
 
 D, H = 10.0, 2.0
 STALE = 1.0  # how far behind an eventually consistent read may be, in the model
@@ -31,11 +38,46 @@ def test_a_peer_is_due_a_full_duration_after_we_first_saw_its_counter():
 def test_the_next_read_follows_the_heartbeat_then_polls_until_a_change():
     clock = PeerClock(D, H)
     clock.observe(seen(5), at=100.0)
-    assert clock.next_read_at == 100.0 + H
-    clock.observe(seen(5), at=102.0)
-    assert clock.next_read_at == 102.0 + watch_poll(H) == 102.25
-    clock.observe(seen(6), at=102.25)
-    assert (clock.changed_at, clock.next_read_at) == (102.25, 104.25)
+    assert clock.next_read_at == 100.0 + watch_poll(H) == 100.25  # its rhythm: not known yet
+    clock.observe(seen(5), at=101.9)
+    assert clock.next_read_at == 101.9 + watch_poll(H) == 102.15
+    clock.observe(seen(6), at=102.15)  # it landed within (101.9, 102.15]: in rhythm now
+    # The next lands a heartbeat later: looked for a fifth of a poll after that.
+    assert (clock.changed_at, clock.next_read_at) == (102.15, 102.15 + H + watch_poll(H) / 5)
+    reads_at = []
+    for counter in range(7, 7 + 2 * PROBE_EVERY):  # landing 0.1 s before each read
+        at = clock.next_read_at
+        reads_at.append(at)
+        if at < 102.15 + (counter - 6) * H - 0.1:  # looked early: not there yet, poll
+            clock.observe(seen(counter - 1), at=at)
+            at = clock.next_read_at
+            reads_at.append(at)
+        clock.observe(seen(counter), at=at)
+    # One read a heartbeat, and one more every PROBE_EVERY-th: 1 + 1 / PROBE_EVERY a beat.
+    assert len(reads_at) == 2 * PROBE_EVERY + 2
+    late = PeerClock(D, H)
+    late.observe(seen(1), at=0.0)
+    late.observe(seen(1), at=0.25)
+    assert late.next_read_at == 0.5
+
+
+def test_a_lag_grown_by_late_heartbeats_shrinks_back_within_a_poll():
+    """Counter 3 lands a second late and we lock onto its rhythm; from 4 on the heartbeats
+    land on their old rhythm again, a second before we look. The probes find it out."""
+    clock = PeerClock(D, H)
+    clock.observe(seen(1), at=0.0)
+    clock.observe(seen(2), at=0.2)  # found by polling: in rhythm, landing about 0.2
+    lags = []
+    for counter in range(3, 3 + 4 * PROBE_EVERY):
+        landing = 0.2 + (counter - 2) * H + (1.0 if counter == 3 else 0.0)
+        at = clock.next_read_at
+        while at < landing:
+            clock.observe(seen(counter - 1), at=at)
+            at = clock.next_read_at
+        clock.observe(seen(counter), at=at)
+        lags.append(round(at - landing, 3))
+    assert max(lags[1:]) > 0.9  # in the late rhythm for a while
+    assert max(lags[-PROBE_EVERY:]) <= watch_poll(H)  # then back within a poll
 
 
 def test_a_stale_replica_neither_resets_the_clock_nor_raises_a_death():
@@ -77,7 +119,10 @@ def test_the_book_follows_the_ring_and_wakes_at_the_earliest_read_or_due_time():
     assert book.to_read(0.0) == ("a", "b")
     book.clocks["a"].observe(seen(1), at=0.0)
     book.clocks["b"].observe(seen(1), at=1.0)
-    assert book.next_wake(1.0) == 2.0
+    assert book.next_wake(1.0) == 1.0  # a's first poll (at 0.25) is late already
+    assert book.next_read(0.1) == 0.25
+    book.clocks["a"].observe(seen(2), at=1.0)  # in rhythm: its next about 3.0
+    assert book.next_read(1.0) == 1.25  # b polls until its rhythm is known
     book.watch(["b", "c"])  # the ring moved: b keeps its clock, c starts unseen
     assert book.clocks["b"].changed_at == 1.0 and book.to_read(1.0) == ("c",)
     book.clocks["c"].observe(seen(1, state="stopped"), at=1.0)

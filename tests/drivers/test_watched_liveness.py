@@ -18,6 +18,7 @@ from test_supervisor_driver import DURATION, HEARTBEAT, RECONCILE, Harness, doom
 from supervisor.adapters.lease_store.memory import MemoryLeaseStore
 from supervisor.core import watch_ring
 from supervisor.core.items import WorkerItem, WorkerRead
+from supervisor.core.peer_watch import PROBE_EVERY, watch_poll
 
 WORKERS = ("w1", "w2", "w3", "w4", "w5")
 
@@ -54,10 +55,16 @@ async def test_a_round_reads_three_worker_items_and_a_death_reaches_every_worker
         await trio.sleep(6 * DURATION)  # joined, announced, balanced
         for store in stores.values():
             store.asked.clear()
+            store.request_counts.clear()
         await trio.sleep(20 * RECONCILE)
         # A steady round: our own item and the two watched peers, never the whole fleet.
         for w, store in stores.items():
             assert store.asked and max(store.asked) == 3, (w, store.asked)
+            # Between rounds: each watched peer once a heartbeat, when it should have landed,
+            # and one more every PROBE_EVERY-th (a look a poll early), never once a poll.
+            beats = 20 * RECONCILE / HEARTBEAT
+            per_beat = store.request_counts["watch_read"] / (2 * beats)
+            assert 1.0 <= per_beat <= 1 + 1 / PROBE_EVERY + 0.1, (w, per_beat)
         held = {s for s, (o, _) in (await h.owners()).items() if o == victim}
         assert held, "the victim owns shards to lose"
         stores[victim].unavailable = True  # a dead host: nothing it sends lands
@@ -131,3 +138,29 @@ async def test_a_frozen_worker_declared_dead_comes_back_and_is_counted_again(aut
         assert w2.tracker.is_live_member("w1", now)
         assert await owners_of(h) == {"w1", "w2"}  # balanced again
         nursery.cancel_scope.cancel()
+
+
+async def test_a_watcher_sees_each_heartbeat_within_a_poll_and_acts_a_lease_after_the_last(
+    autojump_clock,
+):
+    """Between rounds a watcher reads its peers about when their heartbeats land (issue 16,
+    detection at the lease): the victim's shards move a lease after its last heartbeat plus
+    at most one watch poll (a quarter heartbeat), not up to a round later."""
+    h = Harness(shards=4)
+    w1_store, doomed = h.store.peer(), trio.CancelScope()
+    w1, w2 = h.supervisor("w1", w1_store), h.supervisor("w2", h.store.peer())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(doomed_run, w1, doomed)
+        await trio.sleep(3.0)
+        await nursery.start(w2.run)
+        await trio.sleep(2 * DURATION + RECONCILE * 0.3)  # off the rounds' rhythm
+        assert await owners_of(h) == {"w1", "w2"}
+        last_heartbeat = w1.lease.valid_until - DURATION + w1.lease.safety_margin
+        w1_store.unavailable = True
+        doomed.cancel()
+        with trio.fail_after(3 * DURATION):
+            while "w1" in await owners_of(h):
+                await trio.sleep(0.001)
+        taken = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert DURATION <= taken - last_heartbeat <= DURATION + watch_poll(HEARTBEAT) + 0.1

@@ -19,6 +19,7 @@ from supervisor.core.items import (
     WorkerItem,
     WorkerRead,
 )
+from supervisor.core.peer_watch import Seen
 
 
 class LeaseStoreError(Exception):
@@ -86,6 +87,10 @@ class LeaseStore(Protocol):
     async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
         """These worker items and the membership generation, strongly consistent (liveness is
         judged on these counters). A worker with no item is left out."""
+
+    async def watch_read(self, worker_id: str) -> Seen | None:
+        """A watched peer's counter, session and state, eventually consistent (half a read
+        unit): between rounds, to see its heartbeats land within a fraction of one."""
 
     async def announce(self, why: str) -> int:
         """Raise the membership generation (after writing the change it announces: peers

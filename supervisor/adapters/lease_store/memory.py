@@ -33,6 +33,7 @@ from supervisor.core.items import (
     WorkerRead,
 )
 from supervisor.core.membership import Member
+from supervisor.core.peer_watch import Seen
 
 OPERATIONS = frozenset(
     {
@@ -261,6 +262,9 @@ class MemoryLeaseStore:
         table = await self._enter("read_worker_items")
         found = sorted(set(worker_ids) & table.workers.keys())
         return WorkerRead(table.generation, tuple(table.workers[k] for k in found))
+
+    async def watch_read(self, worker_id: str) -> Seen | None:
+        return await self.fleet().watch_read(worker_id, consistent=False)
 
     async def announce(self, why: str) -> int:
         table = await self._enter("announce")

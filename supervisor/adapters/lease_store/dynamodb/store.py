@@ -44,6 +44,7 @@ from supervisor.core.items import (
     WorkerItem,
     WorkerRead,
 )
+from supervisor.core.peer_watch import Seen
 
 if TYPE_CHECKING:
     from supervisor.adapters.lease_store.billing import Meter
@@ -250,6 +251,9 @@ class DynamoLeaseStore:
                 else:
                     workers.append(codec.worker_from(item))
         return WorkerRead(generation, tuple(sorted(workers, key=lambda w: w.id)))
+
+    async def watch_read(self, worker_id: str) -> Seen | None:
+        return await self.fleet().watch_read(worker_id, consistent=False)
 
     async def announce(self, why: str) -> int:
         return await self.fleet()._bump("announce")
