@@ -58,6 +58,11 @@ class Metrics:
         self.quarantines = Counter(
             "shardvisor_quarantines", "Shards released after a crash loop", registry=r
         )
+        self.deaths_declared = Counter(
+            "shardvisor_peers_declared_dead",
+            "Death notices this worker wrote for a watched peer whose counter stood still",
+            registry=r,
+        )
         self.handoff = Histogram(
             "shardvisor_handoff_seconds",
             "Stop requested to lease released, per graceful hand-off",

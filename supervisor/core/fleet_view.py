@@ -119,14 +119,16 @@ def fleet_document(
     events: Iterable[FleetEvent],
     rates: Mapping[StreamKey, Mapping[str, float]],
     wall: float,
+    read_ago: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """``status --json``'s fields, extended: ``worker`` (who answers), ``generated_at``,
     ``local`` (``health.local_status`` plus standbys), per shard ``lag``, ``restarts``,
     ``quarantined`` and ``rates``, and ``events``.
 
     ``lag`` and ``checkpoints`` are this worker's runners' (fresher than the table's between
-    full scans); ``restarts`` and ``lag`` are null for shards another worker runs."""
-    status = fleet_status(snapshot, config, wall)
+    full scans); ``restarts`` and ``lag`` are null for shards another worker runs. ``read_ago``:
+    seconds since each worker item was read (``status.fleet_status``)."""
+    status = fleet_status(snapshot, config, wall, read_ago)
     mine = local.get("shards", {})
     for shard in status["shards"]:
         sid = shard["id"]

@@ -27,6 +27,18 @@ class _Seen:
     counter: int | None
     changed_at: float  # our monotonic time when the counter last changed (or was first seen)
     state: str
+    session: str = ""
+
+
+def _older(seen: _Seen | None, counter: int, session: str) -> bool:
+    """Whether ``counter`` is below the one we hold for the same incarnation (counters only
+    rise within a session; a new session may start anywhere)."""
+    return (
+        seen is not None
+        and seen.counter is not None
+        and seen.session == session
+        and counter < seen.counter
+    )
 
 
 @attrs.define
@@ -55,18 +67,27 @@ class PeerTracker:
         for worker in workers:
             seen = self._seen.get(worker.id)
             if seen is None or seen.counter != worker.counter:
-                self._seen[worker.id] = _Seen(worker.counter, now, worker.state)
+                if _older(seen, worker.counter, worker.session):
+                    # A read that started before one we already have (a round's, slower
+                    # than a watch read): what it shows is past, clock and state alike.
+                    continue
+                self._seen[worker.id] = _Seen(worker.counter, now, worker.state, worker.session)
             else:
                 seen.state = worker.state
 
-    def saw_counter(self, worker_id: str, counter: int, now: float) -> None:
+    def saw_counter(self, worker_id: str, counter: int, session: str, now: float) -> None:
         """A counter from an eventually consistent read of a peer we already know: a higher
         one starts its clock anew (a value seen at ``now`` was written no later than ``now``,
         so the clock can only start late, never early); a lower one is a stale replica and an
         equal one tells nothing new. A death is still declared only after a strongly
         consistent read (the reconcile round's) shows the counter unchanged."""
         seen = self._seen.get(worker_id)
-        if seen is not None and seen.counter is not None and counter > seen.counter:
+        if (
+            seen is not None
+            and seen.counter is not None
+            and seen.session == session
+            and counter > seen.counter
+        ):
             seen.counter, seen.changed_at = counter, now
 
     def observe_owner(self, owner: str, now: float) -> None:

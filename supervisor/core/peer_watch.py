@@ -87,14 +87,14 @@ class PeerClock:
         self.next_read_at = min(at + self.poll, max(self.due_at(), at))
 
     def _changed(self, seen: Seen, at: float) -> None:
-        """A new counter. It landed no later than ``at``; if a read since the last change
-        showed none, after that read (within a poll), else about a heartbeat after the last
-        one landed. The next lands a heartbeat later: read a fifth of a poll after that (a
-        look at the very instant misses it as often as not, and costs a poll). Every
-        PROBE_EVERY-th time read a poll early and poll until it shows, so a rhythm we read
-        late (a heartbeat that came late, then on time again) is found out; while an early
-        read still finds the change already there, the next looks twice as early. 1 +
-        1/PROBE_EVERY reads a heartbeat, where always looking early would cost two."""
+        """A new counter. It landed no later than ``at``: if a read since the last change
+        showed none, within a poll before; else about a heartbeat after the last one. The
+        next lands a heartbeat later: read then (a hair after: a look at the very instant
+        misses it as often as not, and costs a poll), so each change is seen within a poll of
+        landing. Every PROBE_EVERY-th time read a poll early and poll until it shows, so a
+        rhythm read late (a heartbeat came late, the next ones on time) is found out; while
+        an early read still finds the change already there, the next looks twice as early.
+        1 + 1/PROBE_EVERY reads a heartbeat, where always looking early would cost two."""
         heartbeat = self.heartbeat_interval
         self.landed = at if self.polled else min(at, self.landed + heartbeat)
         self.beats += 1
@@ -103,7 +103,7 @@ class PeerClock:
         else:
             early = self.poll if self.beats % PROBE_EVERY == 0 else 0.0
         self.seen, self.changed_at, self.early, self.polled = seen, at, early, False
-        self.next_read_at = max(at, self.landed + heartbeat + self.poll / 5 - early)
+        self.next_read_at = max(at, self.landed + heartbeat + self.poll / 25 - early)
 
     def read_failed(self, at: float) -> None:
         """The read (or the confirmation) did not answer: try again one poll later. The

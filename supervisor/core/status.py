@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from supervisor.config.model import Config
 from supervisor.core.items import ShardItem, Snapshot
 
 
-def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[str, Any]:
+def fleet_status(
+    snapshot: Snapshot,
+    config: Config,
+    wall_now: float,
+    read_ago: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """The public ``status --json`` document.
 
     ``heartbeat_age_s`` compares the worker's own wall-clock stamp with ours: good enough for a
     human, never used for lease decisions (those watch the counter on a monotonic clock).
+    ``read_ago`` (a supervisor's own view, the fleet page): seconds since each worker item was
+    read, for a view that reads a peer's item only after a membership change (a peer it
+    does not watch). Ages are then as of that read (``read_ago_s`` says how old it is), and
+    a worker is shown dead for an old heartbeat only when the read was fresh, or by its
+    watchers' death notice.
     """
     owned: dict[str, list[str]] = {}
     for shard in snapshot.shards:
@@ -21,7 +32,8 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
     workers = []
     standing_by: dict[str, list[str]] = {}  # shard -> workers with a ready standby of it
     for w in snapshot.workers:
-        age = max(0.0, wall_now - w.heartbeat_at)
+        ago = read_ago.get(w.id, 0.0) if read_ago is not None else 0.0
+        age = max(0.0, wall_now - ago - w.heartbeat_at)
         state = w.state
         if state != "stopped" and age > config.lease.duration:
             state = "dead"
@@ -30,18 +42,19 @@ def fleet_status(snapshot: Snapshot, config: Config, wall_now: float) -> dict[st
         standbys = sorted(w.standbys) if state not in ("dead", "stopped") else []
         for shard_id in standbys:
             standing_by.setdefault(shard_id, []).append(w.id)
-        workers.append(
-            {
-                "id": w.id,
-                "state": state,
-                "heartbeat_age_s": round(age, 3),
-                "heartbeat_counter": w.counter,
-                "host": w.host,
-                "pid": w.pid,
-                "shards": sorted(owned.get(w.id, [])),
-                "standbys": standbys,  # shards whose standby child is ready there
-            }
-        )
+        row = {
+            "id": w.id,
+            "state": state,
+            "heartbeat_age_s": round(age, 3),
+            "heartbeat_counter": w.counter,
+            "host": w.host,
+            "pid": w.pid,
+            "shards": sorted(owned.get(w.id, [])),
+            "standbys": standbys,  # shards whose standby child is ready there
+        }
+        if read_ago is not None:
+            row["read_ago_s"] = round(ago, 3)
+        workers.append(row)
     shards = [
         {
             "id": s.id,

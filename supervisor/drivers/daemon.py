@@ -140,6 +140,7 @@ class Supervisor:
         self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
         self._snapshot: Snapshot | None = None  # the last full scan (workers: last round's)
         self._roster: RosterView | None = None  # the workers as last read (``_read_members``)
+        self._item_read_at: dict[str, float] = {}  # when each worker item was last read
         self._scans = round_policy.ScanSchedule(lease.full_scan_interval)
         self._taking: set[str] = set()
         self._registered_at = float("inf")
@@ -154,6 +155,7 @@ class Supervisor:
             snapshot=lambda: self._snapshot,
             local=self.local_status,
             runners=lambda: self.runners,
+            read_ago=lambda: {w: self.now() - at for w, at in self._item_read_at.items()},
         )
 
     # --- control -------------------------------------------------------------------------------
@@ -414,6 +416,8 @@ class Supervisor:
                 log.info("announcing a change nobody announced: %s", ", ".join(missed))
                 await self._announce("unannounced")
         self._roster = view
+        self._item_read_at = {w: self._item_read_at.get(w, now) for w in view.ids}
+        self._item_read_at.update((worker.id, now) for worker in fresh.workers)
         # Judged by counter: the peers we watch that this round read (a peer the ring gave us
         # only now is judged from the next round on, when a read backs its counter).
         read = {worker.id for worker in fresh.workers}
@@ -440,7 +444,10 @@ class Supervisor:
         for worker in fresh.workers:
             gone = worker.state in peer_watch.GONE_STATES
             if worker.id in judged and not gone and self.tracker.is_dead(worker.id, now):
-                await self._declare_dead(worker)
+                # Beside this round's takes, not before them: the notice is for the peers
+                # that do not watch it (and it is written at most once: its condition).
+                assert self._nursery is not None
+                self._nursery.start_soon(self._declare_dead, worker)
         return view.workers
 
     async def _watch_loop(self) -> None:
@@ -456,22 +463,26 @@ class Supervisor:
                 await self._ring_moved.wait()  # a round watches other peers now
             if self._ring_moved.is_set():
                 self._ring_moved = trio.Event()
-            for peer in self.book.to_read(self.now()):
-                try:
-                    with trio.fail_after(heartbeat):
-                        seen = await self.store.watch_read(peer)
-                except (StoreUnavailable, trio.TooSlowError) as exc:
-                    log.debug("watch read of %s failed: %s", peer, exc)
-                    seen = None
-                at = self.now()
-                clock = self.book.clocks.get(peer)
-                if clock is None:  # the ring moved on meanwhile
-                    continue
-                if seen is None:
-                    clock.read_failed(at)
-                    continue
-                clock.observe(seen, at)
-                self.tracker.saw_counter(peer, seen.counter, at)
+            async with trio.open_nursery() as reads:  # the K peers side by side
+                for peer in self.book.to_read(self.now()):
+                    reads.start_soon(self._watch_read, peer)
+
+    async def _watch_read(self, peer: str) -> None:
+        try:
+            with trio.fail_after(self.config.lease.heartbeat_interval):
+                seen = await self.store.watch_read(peer)
+        except (StoreUnavailable, trio.TooSlowError) as exc:
+            log.debug("watch read of %s failed: %s", peer, str(exc) or "timeout")
+            seen = None
+        at = self.now()
+        clock = self.book.clocks.get(peer)
+        if clock is None:  # the ring moved on meanwhile
+            return
+        if seen is None:
+            clock.read_failed(at)
+            return
+        clock.observe(seen, at)
+        self.tracker.saw_counter(peer, seen.counter, seen.session, at)
 
     async def _declare_dead(self, worker: WorkerItem) -> None:
         """A watched peer's counter stood still for a full lease on our clock, as this round's
@@ -480,13 +491,15 @@ class Supervisor:
         their next round. A notice that fails was written by its other watcher, or the peer
         beat meanwhile; either way the next read tells."""
         try:
-            written = await self.store.death_notice(
-                worker.id, worker.counter, worker.session, self.worker_id
-            )
-        except LeaseStoreError as exc:
-            log.warning("death notice for %s not written: %s", worker.id, exc)
+            with trio.fail_after(self.config.lease.reconcile_interval):
+                written = await self.store.death_notice(
+                    worker.id, worker.counter, worker.session, self.worker_id
+                )
+        except (LeaseStoreError, trio.TooSlowError) as exc:
+            log.warning("death notice for %s not written: %s", worker.id, str(exc) or "timeout")
             return
         if written:
+            self.metrics.deaths_declared.inc()
             log.warning(
                 "declared worker %s dead: its heartbeat counter %d stood still for %ss",
                 worker.id,
@@ -521,6 +534,12 @@ class Supervisor:
             snapshot = await self.store.snapshot()
             now = self.now()
             self.tracker.observe(snapshot.workers, now)
+            if self._roster is not None:  # fresher than the view for peers we do not watch
+                self._roster = self._roster.updated(snapshot.workers)
+                workers = self._roster.workers
+                self._item_read_at.update(
+                    (w.id, now) for w in snapshot.workers if w.id in self._roster.ids
+                )
             self._scans.scanned(now)
             self._refresh_runnable(snapshot)
         else:

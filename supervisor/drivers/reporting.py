@@ -42,8 +42,10 @@ class Reporter:
         snapshot: Callable[[], Snapshot | None],
         local: Callable[[], Mapping[str, Any]],
         runners: Callable[[], Mapping[str, Any]],
+        read_ago: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.config, self.worker_id, self.metrics = config, worker_id, metrics
+        self._read_ago = read_ago
         self.now, self.wall = now, wall
         self._snapshot, self._local, self._runners = snapshot, local, runners
         self.events = fleet_view.FleetEvents()
@@ -87,6 +89,7 @@ class Reporter:
             events=self.events.recent(),
             rates=self._rates.update(totals, now),
             wall=self.wall(),
+            read_ago=self._read_ago() if self._read_ago is not None else None,
         )
 
     async def emf_loop(self) -> None:

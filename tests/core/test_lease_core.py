@@ -8,8 +8,8 @@ from supervisor.core.lease import OwnLease, PeerTracker
 from supervisor.core.planner import Plan, fair_targets, plan_round, rendezvous_rank
 
 
-def worker(wid: str, counter: int, state: str = "running") -> WorkerItem:
-    return WorkerItem(wid, "sess", counter, state, 0.0, 0.0)
+def worker(wid: str, counter: int, state: str = "running", session: str = "s") -> WorkerItem:
+    return WorkerItem(wid, session, counter, state, 0.0, 0.0)
 
 
 def shard(sid: str, owner: str = "", epoch: int = 0) -> ShardItem:
@@ -92,6 +92,25 @@ def test_watching_a_few_peers_judges_only_their_counters_and_the_rest_by_their_i
     assert tracker.is_dead("b", 510.0)
     tracker.watch(None)  # everyone read every round, as protocol 1 was first built
     assert tracker.is_dead("b", 510.0) and tracker.next_due(510.0) is None
+
+
+def test_a_read_that_started_before_a_newer_one_does_not_move_the_clock():
+    """A round's consistent read sent before the peer's heartbeat landed can arrive after a
+    watch read showed that heartbeat: the older counter it shows is past, not a change (it
+    would restart the clock late, and the next watch read later still: a host death seen
+    a second late, found in the failover benchmark)."""
+    tracker = PeerTracker(10.0)
+    tracker.observe([worker("a", 5)], now=100.0)
+    tracker.saw_counter("a", 6, "s", now=101.0)  # the watch read: heartbeat 6
+    tracker.observe([worker("a", 5)], now=101.2)  # the round's read, sent before it landed
+    assert tracker.next_due(101.2) == 111.0
+    tracker.saw_counter("a", 6, "s", now=103.0)  # the same counter again: nothing new
+    tracker.saw_counter("a", 5, "s", now=103.5)  # a stale replica
+    assert tracker.is_dead("a", 111.0)
+    tracker.saw_counter("a", 9, "other", now=112.0)  # another incarnation: the round's job
+    assert tracker.is_dead("a", 112.0)
+    tracker.observe([worker("a", 0, session="other")], now=112.5)  # a new session: alive
+    assert not tracker.is_dead("a", 122.4) and tracker.is_dead("a", 122.5)
 
 
 def test_retired_worker_is_dead_at_once():

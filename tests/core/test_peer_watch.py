@@ -7,6 +7,7 @@ and check the safety argument of docs/lease-protocol.md: a death is confirmed no
 """
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 
 from supervisor.core.peer_watch import (
@@ -42,19 +43,24 @@ def test_the_next_read_follows_the_heartbeat_then_polls_until_a_change():
     clock.observe(seen(5), at=101.9)
     assert clock.next_read_at == 101.9 + watch_poll(H) == 102.15
     clock.observe(seen(6), at=102.15)  # it landed within (101.9, 102.15]: in rhythm now
-    # The next lands a heartbeat later: looked for a fifth of a poll after that.
-    assert (clock.changed_at, clock.next_read_at) == (102.15, 102.15 + H + watch_poll(H) / 5)
-    reads_at = []
-    for counter in range(7, 7 + 2 * PROBE_EVERY):  # landing 0.1 s before each read
+    # The next lands a heartbeat later, no later than 104.15: looked for a hair after that.
+    assert clock.changed_at == 102.15
+    assert clock.next_read_at == pytest.approx(102.15 + H + watch_poll(H) / 25)
+    # From here heartbeats land every H from 102.05; a read shows the last one landed.
+    reads, lags = 0, []
+    for counter in range(7, 7 + 4 * PROBE_EVERY):
+        landing = 102.05 + (counter - 6) * H
         at = clock.next_read_at
-        reads_at.append(at)
-        if at < 102.15 + (counter - 6) * H - 0.1:  # looked early: not there yet, poll
+        reads += 1
+        while at < landing:  # looked early: not there yet, poll
             clock.observe(seen(counter - 1), at=at)
             at = clock.next_read_at
-            reads_at.append(at)
+            reads += 1
         clock.observe(seen(counter), at=at)
-    # One read a heartbeat, and one more every PROBE_EVERY-th: 1 + 1 / PROBE_EVERY a beat.
-    assert len(reads_at) == 2 * PROBE_EVERY + 2
+        lags.append(at - landing)
+    # One read a heartbeat, and one more about every PROBE_EVERY-th; each within a poll.
+    assert reads <= 4 * (PROBE_EVERY + 1) + 1
+    assert max(lags) <= watch_poll(H)
     late = PeerClock(D, H)
     late.observe(seen(1), at=0.0)
     late.observe(seen(1), at=0.25)

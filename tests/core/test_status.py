@@ -108,3 +108,24 @@ def test_stale_streams_and_reconnects_show_in_the_json_and_the_table_for_owned_s
     assert lines[-3].endswith("stale: a,b  a reconnects: idle=2")
     assert "stale" not in lines[-2] and "stale" not in lines[-1]  # (s3 released: nobody reads it)
     assert "reconnects" not in lines[-2] and "reconnects" not in lines[-1]
+
+
+def test_a_supervisors_own_view_ages_each_item_as_of_its_read():
+    """The fleet page of a worker that reads a peer's item only after a membership change
+    (issue 16): a peer read 40 s ago, whose heartbeat was then 0.5 s old, is not dead; one
+    whose watchers wrote a death notice is; the CLI's fresh scan is judged as before."""
+    snapshot = Snapshot(
+        workers=(worker("w1", age=40.5), worker("w2", age=40.5, state="dead"), worker("w3")),
+        shards=(),
+    )
+    view = fleet_status(snapshot, Config(), NOW, read_ago={"w1": 40.0, "w2": 40.0, "w3": 0.0})
+    assert [
+        (w["id"], w["state"], w["heartbeat_age_s"], w["read_ago_s"]) for w in view["workers"]
+    ] == [
+        ("w1", "running", 0.5, 40.0),
+        ("w2", "dead", 0.5, 40.0),
+        ("w3", "running", 1.0, 0.0),
+    ]
+    fresh = fleet_status(snapshot, Config(), NOW)
+    assert [w["state"] for w in fresh["workers"]] == ["dead", "dead", "running"]
+    assert all("read_ago_s" not in w for w in fresh["workers"])

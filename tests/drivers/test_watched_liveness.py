@@ -78,6 +78,12 @@ async def test_a_round_reads_three_worker_items_and_a_death_reaches_every_worker
         assert took <= DURATION + 2 * RECONCILE
         item = (await h.store.read_worker_items([victim])).workers[0]
         assert item.state == "dead"
+        notices = [
+            sups[w].metrics.registry.get_sample_value("shardvisor_peers_declared_dead_total")
+            for w in WORKERS
+            if w != victim
+        ]
+        assert sum(notices) == 1  # one watcher's notice landed; the other's condition failed
         survivors = [w for w in WORKERS if w != victim]
         watchers = set(watch_ring.watchers_of(victim, WORKERS))
         assert watchers < set(survivors)  # two of four watch it; all four must know
