@@ -13,7 +13,8 @@ checkpoints excluded (both systems write them; their count is the application's 
   fleet-wide assumed; the own-items backstop (its shards, consistent, every 10 min); and the
   vacant buckets and the sweeper's share, 0.03 RRU.
 * Protocol 1, per worker and second: the heartbeat; each round a consistent BatchGetItem of
-  the meta item, its own item and its K = 2 watched peers' (4 RRU), the worker ids from the
+  the meta item and its own item (2 RRU; a watched peer's only when its lease falls due), the
+  watch reads of K = 2 peers as in protocol 2, the worker ids from the
   ``roster`` index (0.5 RRU per 4 KB of about 64 B entries) and the vacant shards (0.5 RRU);
   every worker item (W RRU) again after each membership change, one a minute fleet-wide
   assumed; the hand-off poll, one index query every 250 ms (vacant shards and hand-off
@@ -116,7 +117,7 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
     )
     ids_rru = EVENTUAL * math.ceil(w * ROSTER_ENTRY_BYTES / READ_BYTES)
     p1_rru = (
-        ((2 + WATCHED_PEERS) * CONSISTENT + ids_rru + EVENTUAL) / ROUND_S
+        (2 * CONSISTENT + ids_rru + EVENTUAL) / ROUND_S
         + watch_rru
         + w * CONSISTENT * MEMBERSHIP_CHANGES_S  # every item, after each change
         + poll_rru

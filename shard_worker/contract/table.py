@@ -28,6 +28,11 @@ KIND_SHARD, KIND_WORKER = "shard", "worker"  # the pk's prefix and the item's `k
 # both what was released to it and what it is asked for. Its `id` is its pk ("handoff#<shard>"),
 # never a shard's id: a version that knows no notices takes it for a vacant shard it does not run.
 KIND_HANDOFF = "handoff"
+# A death marker: a small item listed among the vacant shards for a few seconds after a
+# watcher declared a worker dead (its `epoch` holds the membership generation the notice
+# raised), so that every worker's hand-off poll sees the death within a poll and runs a round,
+# not only at its next one. Its `id` is its pk ("death#<worker>"), never a shard's.
+KIND_DEATH = "death"
 
 # Both kinds of item.
 KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
@@ -130,6 +135,11 @@ def worker_key(worker_id: str) -> Item:
 def handoff_notice_id(shard_id: str) -> str:
     """The notice's pk and `id`."""
     return f"{KIND_HANDOFF}#{shard_id}"
+
+
+def death_marker_id(worker_id: str) -> str:
+    """The death marker's pk and `id`."""
+    return f"{KIND_DEATH}#{worker_id}"
 
 
 def shard_of_notice(notice_id: str) -> str:

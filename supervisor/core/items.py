@@ -87,12 +87,22 @@ class WorkerRead:
 
 
 @attrs.frozen
+class DeathMarker:
+    """A worker declared dead moments ago, and the membership generation its notice raised."""
+
+    worker: str
+    generation: int
+
+
+@attrs.frozen
 class Vacancies:
-    """What one query of the ``vacant`` roster lists: the unowned shards, and the hand-off
-    notices of make-before-break requests (the hand-off poll's one request)."""
+    """What one query of the ``vacant`` roster lists: the unowned shards, the hand-off notices
+    of make-before-break requests and the recent death markers (the hand-off poll's one
+    request)."""
 
     shards: tuple[VacantShard, ...] = ()
     requests: tuple[HandoffRequest, ...] = ()
+    deaths: tuple[DeathMarker, ...] = ()
 
 
 @attrs.frozen

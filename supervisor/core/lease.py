@@ -103,6 +103,14 @@ class PeerTracker:
             return True  # retired cleanly (its children are gone), or declared dead
         return self._judged(worker_id, seen) and now - seen.changed_at >= self.duration
 
+    def due_at(self, worker_id: str) -> float:
+        """When this peer's lease would fall due if its counter stays (inf: never, it is
+        gone, unknown or not judged by counter)."""
+        seen = self._seen.get(worker_id)
+        if seen is None or seen.state in _GONE or not self._judged(worker_id, seen):
+            return float("inf")
+        return seen.changed_at + self.duration
+
     def next_due(self, now: float) -> float | None:
         """When the first peer not judged dead yet would be, if its counter does not change
         before then (None: no such peer). The driver runs a round then, so a death is acted on

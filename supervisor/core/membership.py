@@ -158,6 +158,9 @@ class RosterView:
         still own shards until its lease runs out)."""
         return tuple(w.id for w in self.workers if w.state not in GONE_STATES)
 
+    def by_id(self) -> dict[str, WorkerItem]:
+        return {worker.id: worker for worker in self.workers}
+
 
 def _membership_of(worker: WorkerItem) -> tuple[object, ...]:
     return (worker.state, worker.max_shards, worker.max_standbys, worker.features, worker.standbys)

@@ -69,6 +69,7 @@ TAKES_AT_ONCE = 8
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
+DEATH_MARKER_ROUNDS = 2  # a death marker stays listed this many reconcile intervals
 
 
 class Supervisor:
@@ -95,6 +96,10 @@ class Supervisor:
         # When to read the watched peers between rounds (their heartbeats' rhythm).
         self.book = peer_watch.WatchBook(lease.duration, lease.heartbeat_interval)
         self._ring_moved = trio.Event()
+        self._death_seen = trio.Event()  # set by the hand-off poll: run a round now
+        self._judged: set[str] = set()  # watched peers judged by counter (``_read_members``)
+        self._announced: set[tuple[str, str]] = set()  # changes announced for a peer
+        self._markers: set[str] = set()  # death markers we listed and will clear
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
         self.metrics = metrics or Metrics()
         self.metrics.info.labels(worker_id).set(1)
@@ -278,6 +283,7 @@ class Supervisor:
         self._advertised = item.standbys
         self._announced_state = item.state
         await self._announce("join")
+        await self._clear_death_marker(self.worker_id)  # our earlier incarnation's, if any
         self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
         log.info(
@@ -390,16 +396,29 @@ class Supervisor:
                 log.warning("reconcile skipped: %s", exc)
             now = self.now()
             interval = self.config.lease.reconcile_interval
-            await trio.sleep(round_policy.next_round_in(now, interval, self.tracker.next_due(now)))
+            with trio.move_on_after(
+                round_policy.next_round_in(now, interval, self.tracker.next_due(now))
+            ):
+                await self._death_seen.wait()  # a hand-off poll saw a death marker: now
+            if self._death_seen.is_set():
+                self._death_seen = trio.Event()
 
     async def _read_members(self) -> tuple[WorkerItem, ...]:
-        """The round's view of the workers (``membership.RosterView``): our own item and the
-        peers we watch, read every round; every item only when the view may be out of date.
-        Declares the watched peers whose counter stood still for a lease (a death notice)."""
+        """The round's view of the workers (``membership.RosterView``): the generation and our
+        own item every round, strongly consistently, with the watched peers whose lease falls
+        due before the next round (the confirmation the watch loop's reads cannot give) or
+        that we do not judge yet; every item only when the view may be out of date. Declares
+        the watched peers whose counter stood still for a lease (a death notice)."""
         ids = await self.store.worker_ids()
         view = self._roster
-        watched = watch_ring.watched_by(self.worker_id, view.on_ring()) if view else ()
-        fresh = await self.store.read_worker_items({self.worker_id, *watched} & set(ids))
+        watched = set(watch_ring.watched_by(self.worker_id, view.on_ring())) if view else set()
+        horizon = self.now() + self.config.lease.reconcile_interval + round_policy.DUE_SLACK
+        confirm = {
+            peer
+            for peer in watched
+            if peer not in self._judged or self.tracker.due_at(peer) <= horizon
+        }
+        fresh = await self.store.read_worker_items({self.worker_id, *confirm} & set(ids))
         now = self.now()
         if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
             # Recorded for the generation read *before* it: every change is written first
@@ -409,6 +428,7 @@ class Supervisor:
             generation = fresh.generation if view is not None else -1  # -1: read again
             view = RosterView.full(generation, ids, everyone.workers, now)
             fresh = everyone
+            self._announced.clear()
         else:
             missed = [w for w in view.unannounced(fresh.workers) if w != self.worker_id]
             view = view.updated(fresh.workers)
@@ -418,10 +438,11 @@ class Supervisor:
         self._roster = view
         self._item_read_at = {w: self._item_read_at.get(w, now) for w in view.ids}
         self._item_read_at.update((worker.id, now) for worker in fresh.workers)
-        # Judged by counter: the peers we watch that this round read (a peer the ring gave us
-        # only now is judged from the next round on, when a read backs its counter).
+        # Judged by counter: the peers we watch, once a strongly consistent read backs their
+        # counter (a peer the ring gave us only now is read this round or the next).
         read = {worker.id for worker in fresh.workers}
-        judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & read
+        judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & (self._judged | read)
+        self._judged = judged
         self.tracker.watch(judged)
         self.tracker.observe(fresh.workers, now)
         if set(self.book.clocks) != judged:  # its own reads find each new peer's rhythm
@@ -483,6 +504,19 @@ class Supervisor:
             return
         clock.observe(seen, at)
         self.tracker.saw_counter(peer, seen.counter, seen.session, at)
+        view = self._roster
+        known = view.by_id().get(peer) if view is not None else None
+        if (
+            known is not None
+            and seen.counter >= known.counter  # not a replica older than our view
+            and seen.state != known.state
+            and (peer, seen.state) not in self._announced
+        ):
+            # A change nobody announced (an older version, a child's ``orphaned`` mark, a
+            # lost announcement): announced for it, once, so that every worker re-reads.
+            self._announced.add((peer, seen.state))
+            log.info("announcing a change nobody announced: %s is %s", peer, seen.state)
+            await self._announce("unannounced")
 
     async def _declare_dead(self, worker: WorkerItem) -> None:
         """A watched peer's counter stood still for a full lease on our clock, as this round's
@@ -507,16 +541,44 @@ class Supervisor:
                 self.config.lease.duration,
                 extra={"worker": worker.id},
             )
-            await self._announce("death")  # after the write: peers read the table, not an index
+            generation = await self._announce("death")  # after the write: peers read the table
+            if generation is not None:
+                await self._mark_death(worker.id, generation)
 
-    async def _announce(self, why: str) -> None:
-        """Raise the membership generation after writing a change (bounded, best effort: a
-        lost announcement is made by the changed worker's watchers, who see the change)."""
+    async def _mark_death(self, worker_id: str, generation: int) -> None:
+        """List a death marker for a few rounds: every worker's hand-off poll (250 ms) sees it
+        and runs a round at once, so the peers that do not watch the dead worker take their
+        part of its shards within a poll of the notice rather than at their next round."""
+        try:
+            with trio.fail_after(MEMBERS_READ_TIMEOUT):
+                await self.store.mark_death(worker_id, generation)
+        except (LeaseStoreError, trio.TooSlowError) as exc:
+            log.warning("death marker for %s not written: %s", worker_id, str(exc) or "timeout")
+            return
+        self._markers.add(worker_id)
+        await trio.sleep(DEATH_MARKER_ROUNDS * self.config.lease.reconcile_interval)
+        await self._clear_death_marker(worker_id)
+
+    async def _clear_death_marker(self, worker_id: str) -> None:
+        """Bounded, best effort: a marker left listed costs each poll a few dozen bytes until
+        that worker id registers again (it clears its own)."""
+        self._markers.discard(worker_id)
         with trio.move_on_after(MEMBERS_READ_TIMEOUT):
             try:
-                await self.store.announce(why)
+                await self.store.clear_death_marker(worker_id)
+            except LeaseStoreError as exc:
+                log.warning("death marker for %s not cleared: %s", worker_id, exc)
+
+    async def _announce(self, why: str) -> int | None:
+        """Raise the membership generation after writing a change (bounded, best effort: a
+        lost announcement is made by the changed worker's watchers, who see the change).
+        The new generation, or None."""
+        with trio.move_on_after(MEMBERS_READ_TIMEOUT):
+            try:
+                return await self.store.announce(why)
             except LeaseStoreError as exc:
                 log.warning("membership change (%s) not announced: %s", why, exc)
+        return None
 
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only
@@ -669,6 +731,9 @@ class Supervisor:
             except StoreUnavailable as exc:
                 log.debug("hand-off poll skipped: %s", exc)
                 continue
+            view = self._roster
+            if view is not None and any(d.generation > view.generation for d in listing.deaths):
+                self._death_seen.set()  # a peer died since our view: a round now
             for shard in round_policy.handoff_takes(listing.shards, self.worker_id, self._runnable):
                 # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
                 if self._accepting(self.now()):
@@ -967,6 +1032,8 @@ class Supervisor:
                 await self._announce("stop")
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
+        for worker_id in list(self._markers):  # their clearing rounds will not come
+            await self._clear_death_marker(worker_id)
         log.info("drained in %.2fs", self.now() - started)
 
     # --- health and metrics ----------------------------------------------------------------------

@@ -356,6 +356,22 @@ async def test_a_death_notice_needs_the_counter_and_session_it_was_confirmed_on(
     assert [w.state for w in await store.read_workers()] == ["running"]
 
 
+async def test_a_death_marker_is_listed_among_the_vacancies_until_cleared(
+    store: LeaseStore,
+) -> None:
+    await store.ensure_shard("a")
+    await store.mark_death("w2", 7)
+    listing = await store.vacancies()
+    assert [(d.worker, d.generation) for d in listing.deaths] == [("w2", 7)]
+    assert [v.id for v in listing.shards] == ["a"]  # not a shard, not a hand-off notice
+    assert listing.requests == ()
+    await store.clear_death_marker("w2")
+    await store.clear_death_marker("w2")  # twice, or never written: not an error
+    await store.clear_death_marker("w9")
+    assert (await store.vacancies()).deaths == ()
+    assert [w.id for w in (await store.snapshot()).workers] == []  # no worker item made
+
+
 async def test_vacant_shards_lists_exactly_the_unowned_ones(store: LeaseStore) -> None:
     for shard_id in ("a", "b", "c"):
         await store.ensure_shard(shard_id)

@@ -18,10 +18,10 @@ def test_twenty_workers_by_hand() -> None:
     # protocol 2: per worker 0.5 WRU/s and 0.625 + 0.25 + 2 + 0.5333 + 0.1667 + 0.03 RRU/s
     assert cost.protocol2.wru_s == pytest.approx(10.0)
     assert cost.protocol2.rru_s == pytest.approx(20 * 3.605)
-    # protocol 1: per worker, a round's (meta, own and 2 watched items) + ids + vacant
-    # shards every 2 s, the watch reads between rounds (2 peers x 1.25 a heartbeat x 0.5),
-    # every item once a minute, the poll, 2,000 x 300 B / 4 KB every 60 s
-    per_worker = (4 + 0.5 + 0.5) / 2 + 0.625 + 20 / 60 + 2 + 2000 * 300 / 4096 / 60
+    # protocol 1: per worker, a round's (meta and own item) + ids + vacant shards every 2 s,
+    # the watch reads between rounds (2 peers x 1.25 a heartbeat x 0.5), every item once a
+    # minute, the poll, 2,000 x 300 B / 4 KB every 60 s
+    per_worker = (2 + 0.5 + 0.5) / 2 + 0.625 + 20 / 60 + 2 + 2000 * 300 / 4096 / 60
     assert cost.protocol1.rru_s == pytest.approx(20 * per_worker)
     # KCL 2.x: 0.302 renewals per lease per s; each worker scans 2,000 x 300 B every 20.05 s
     assert cost.kcl_renewals.wru_s == pytest.approx(604.0)

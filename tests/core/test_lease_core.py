@@ -90,8 +90,11 @@ def test_watching_a_few_peers_judges_only_their_counters_and_the_rest_by_their_i
     tracker.watch(["a", "b"])
     tracker.observe([worker("b", 5)], now=510.0)
     assert tracker.is_dead("b", 510.0)
+    assert tracker.due_at("a") == 110.0  # fell due: read again until its notice
+    tracker.observe([worker("a", 6)], now=515.0)
+    assert tracker.due_at("a") == 525.0 and tracker.due_at("c") == float("inf")  # c: dead
     tracker.watch(None)  # everyone read every round, as protocol 1 was first built
-    assert tracker.is_dead("b", 510.0) and tracker.next_due(510.0) is None
+    assert tracker.is_dead("b", 510.0) and tracker.next_due(510.0) == 525.0  # a's
 
 
 def test_a_read_that_started_before_a_newer_one_does_not_move_the_clock():

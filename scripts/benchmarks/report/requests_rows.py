@@ -87,7 +87,10 @@ def requests(load: Load) -> Rendered:
         "fewer. Reads cost a fifth of a write or less (a Query on the sparse index returns a "
         "few hundred bytes: half a read unit). The Queries are the hand-off poll (every 250 ms "
         "plus the query's own time) and two per reconcile round (worker items and vacant "
-        "shards); BatchGetItem is one strongly consistent read of every worker item per round; "
+        "shards); BatchGetItem is one strongly consistent read of the meta item and the "
+        "worker's own item per round (every worker item only after a membership change); "
+        "GetItem is the eventually consistent reads of the peers it watches (none for a "
+        "lone worker); "
         "Scan is the full scan every `full_scan_interval` (60 s). Checkpoint writes scale with "
         "busy shards and, at the default 1 s interval, are most of a busy worker's writes; "
         "KCL checkpoints too, so they are shown apart below.\n"
@@ -144,10 +147,9 @@ def _cost(cost: dict[str, Any]) -> str:
         + table(("traffic", "units / month", "USD / month"), rows, LEFT + RIGHT * 2)
         + f"\n\nshardvisor's lease traffic costs {ratio(sv['usd_month'], kcl['usd_month'])} of "
         "KCL's renewals alone: one heartbeat write per *worker* instead of one renewal per "
-        "*lease*; liveness of a shard is its owner's heartbeat counter. In read units the "
-        "per-round BatchGetItem of every worker item dominates (one read unit per worker "
-        "item, every worker, every round): a term that grows with the square of the fleet "
-        "size. Anchors: KCL 1,000 "
+        "*lease*; liveness of a shard is its owner's heartbeat counter, read by its two "
+        "watchers: per worker, reads do not grow with the fleet's size (row 9). Anchors: "
+        "KCL 1,000 "
         "leases ≈ $490/month in renewals (../shared/reference/anchors.md).\n"
     )
 

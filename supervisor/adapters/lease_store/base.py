@@ -100,6 +100,14 @@ class LeaseStore(Protocol):
         """``state = dead`` if the item still shows ``counter`` and ``session`` and is not dead
         already (its watcher confirmed it a full lease later); False if not written."""
 
+    async def mark_death(self, worker_id: str, generation: int) -> None:
+        """List a death marker among the vacant shards (``t.KIND_DEATH``): every worker's next
+        hand-off poll sees that ``generation`` holds a death and runs a round."""
+
+    async def clear_death_marker(self, worker_id: str) -> None:
+        """Take the marker out of the index (its writer, a few seconds later; the worker
+        itself when it registers again). Nothing to clear is not an error."""
+
     async def vacancies(self) -> Vacancies:
         """The unowned shards and the hand-off notices (the requests of owners that list one,
         ``FEATURE_HANDOFF_NOTICE``), from the sparse index in one query (eventually consistent:

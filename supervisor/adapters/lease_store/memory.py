@@ -24,6 +24,7 @@ from supervisor.adapters.lease_store.billing import Meter
 from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
 from supervisor.core import partition_keys as keys
 from supervisor.core.items import (
+    DeathMarker,
     HandoffRequest,
     ShardItem,
     Snapshot,
@@ -52,6 +53,8 @@ OPERATIONS = frozenset(
         "worker_ids",
         "read_worker_items",
         "announce",
+        "mark_death",
+        "clear_death_marker",
         "poke",
         "add_shard",
         "retire_shard",
@@ -91,6 +94,8 @@ class _Table:
     handoffs: set[str] = attrs.field(factory=set)
     # Hand-off notices by shard (their own items in DynamoDB, listed under "vacant").
     notices: dict[str, HandoffRequest] = attrs.field(factory=dict)
+    # Death markers by worker: the generation each notice raised (listed under "vacant").
+    deaths: dict[str, int] = attrs.field(factory=dict)
     # Protocol 2 (memory_fleet.py): the meta item's generation, the fleet index's worker
     # projections, and the index entries by owner and by successor.
     generation: int = 0
@@ -277,7 +282,16 @@ class MemoryLeaseStore:
     async def vacancies(self) -> Vacancies:
         table = await self._enter("vacancies")
         notices = tuple(table.notices[sid] for sid in sorted(table.notices))
-        return Vacancies(_vacant(table), notices)
+        deaths = tuple(DeathMarker(w, g) for w, g in sorted(table.deaths.items()))
+        return Vacancies(_vacant(table), notices, deaths)
+
+    async def mark_death(self, worker_id: str, generation: int) -> None:
+        table = await self._enter("mark_death")
+        table.deaths[worker_id] = generation
+
+    async def clear_death_marker(self, worker_id: str) -> None:
+        table = await self._enter("clear_death_marker")
+        table.deaths.pop(worker_id, None)
 
     async def add_shard(self, shard_id: str, spec: str, wall_now: float) -> None:
         table = await self._enter("add_shard")

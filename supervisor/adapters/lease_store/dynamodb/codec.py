@@ -14,7 +14,13 @@ from shard_worker.contract import table as t
 from shard_worker.contract.table import AttributeValue, Item, checkpoint_value, number, string
 from supervisor.adapters.lease_store.base import LeaseStoreError
 from supervisor.core import partition_keys as keys
-from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
+from supervisor.core.items import (
+    DeathMarker,
+    HandoffRequest,
+    ShardItem,
+    VacantShard,
+    WorkerItem,
+)
 from supervisor.core.membership import Member, member_of
 
 
@@ -202,6 +208,23 @@ def notice_item(shard_id: str, epoch: int, successor: str) -> Item:
         t.SUCCESSOR: string(successor),
         t.ROSTER: string(t.ROSTER_VACANT),
     }
+
+
+def death_marker_item(worker_id: str, generation: int) -> Item:
+    """A death marker, listed under ``vacant`` (``t.KIND_DEATH``); ``epoch``: the generation."""
+    marker_id = t.death_marker_id(worker_id)
+    return {
+        t.PK: string(marker_id),
+        t.KIND: string(t.KIND_DEATH),
+        t.ID: string(marker_id),
+        t.EPOCH: number(generation),
+        t.ROSTER: string(t.ROSTER_VACANT),
+    }
+
+
+def death_from(item: Item) -> DeathMarker:
+    marker_id = read_str(item, t.ID)
+    return DeathMarker(marker_id.removeprefix(f"{t.KIND_DEATH}#"), read_int(item, t.EPOCH))
 
 
 def notice_from(item: Item) -> HandoffRequest:

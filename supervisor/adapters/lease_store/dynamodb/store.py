@@ -265,9 +265,30 @@ class DynamoLeaseStore:
         listed = await self._query_roster("vacancies", t.ROSTER_VACANT)
         shards = [codec.vacant_from(i) for i in listed if codec.kind_of(i) == t.KIND_SHARD]
         notices = [codec.notice_from(i) for i in listed if codec.kind_of(i) == t.KIND_HANDOFF]
+        deaths = [codec.death_from(i) for i in listed if codec.kind_of(i) == t.KIND_DEATH]
         return Vacancies(
-            tuple(sorted(shards, key=lambda v: v.id)), tuple(sorted(notices, key=lambda r: r.id))
+            tuple(sorted(shards, key=lambda v: v.id)),
+            tuple(sorted(notices, key=lambda r: r.id)),
+            tuple(sorted(deaths, key=lambda d: d.worker)),
         )
+
+    async def mark_death(self, worker_id: str, generation: int) -> None:
+        await self._db.request(
+            "mark_death",
+            "put_item",
+            TableName=self.table,
+            Item=codec.death_marker_item(worker_id, generation),
+        )
+
+    async def clear_death_marker(self, worker_id: str) -> None:
+        update = UpdateItem(
+            {t.PK: string(t.death_marker_id(worker_id))},
+            "REMOVE #roster",
+            "attribute_exists(#roster) AND #kind = :death",
+            {":death": string(t.KIND_DEATH)},
+        )
+        with contextlib.suppress(LeaseConflict):  # no marker listed: nothing to clear
+            await self._update("clear_death_marker", update)
 
     async def _query_roster(self, op: str, value: str) -> list[Item]:
         """Every item the sparse index lists under ``value`` (keys and projected attributes)."""
