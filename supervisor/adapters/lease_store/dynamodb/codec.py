@@ -197,29 +197,27 @@ def handoff_request_from(item: Item) -> HandoffRequest:
     return HandoffRequest(*_roster_entry(item))
 
 
-def notice_item(shard_id: str, epoch: int, successor: str) -> Item:
-    """A hand-off notice, listed under ``vacant`` (``t.KIND_HANDOFF`` says why)."""
-    notice_id = t.handoff_notice_id(shard_id)
+def _listed_as_vacant(item_id: str, kind: str, epoch: int) -> Item:
+    """A small item that is not a shard but is listed among the vacant shards, so that the
+    hand-off poll's one query finds it; its ``id`` is its pk, never a shard's."""
     return {
-        t.PK: string(notice_id),
-        t.KIND: string(t.KIND_HANDOFF),
-        t.ID: string(notice_id),
+        t.PK: string(item_id),
+        t.KIND: string(kind),
+        t.ID: string(item_id),
         t.EPOCH: number(epoch),
-        t.SUCCESSOR: string(successor),
         t.ROSTER: string(t.ROSTER_VACANT),
     }
+
+
+def notice_item(shard_id: str, epoch: int, successor: str) -> Item:
+    """A hand-off notice, listed under ``vacant`` (``t.KIND_HANDOFF`` says why)."""
+    item = _listed_as_vacant(t.handoff_notice_id(shard_id), t.KIND_HANDOFF, epoch)
+    return {**item, t.SUCCESSOR: string(successor)}
 
 
 def death_marker_item(worker_id: str, generation: int) -> Item:
     """A death marker, listed under ``vacant`` (``t.KIND_DEATH``); ``epoch``: the generation."""
-    marker_id = t.death_marker_id(worker_id)
-    return {
-        t.PK: string(marker_id),
-        t.KIND: string(t.KIND_DEATH),
-        t.ID: string(marker_id),
-        t.EPOCH: number(generation),
-        t.ROSTER: string(t.ROSTER_VACANT),
-    }
+    return _listed_as_vacant(t.death_marker_id(worker_id), t.KIND_DEATH, generation)
 
 
 def death_from(item: Item) -> DeathMarker:
