@@ -26,6 +26,10 @@ from supervisor.devtools.fleet import Fleet, child_pids
 WINDOW, QUICK_WINDOW = 10.0, 2.0  # seconds of CPU time sampled
 TRIM = 1.0  # seconds: the age trim runs with each standby heartbeat
 SAMPLES = 3  # windows tried until one sees the same children at its start and its end
+# A quick run samples without waiting for the buffers to fill, so standbys may still be placed
+# and started during its first windows (on a loaded machine, during the whole suite, for
+# several): it tries more of its short windows.
+QUICK_SAMPLES = 10
 
 
 async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]:
@@ -35,7 +39,7 @@ async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]
         await trio.sleep(buffer + TRIM)
         filled_after = buffer + TRIM
     window = QUICK_WINDOW if quick else WINDOW
-    for _ in range(SAMPLES):
+    for _ in range(QUICK_SAMPLES if quick else SAMPLES):
         roles = await _roles(fleet)
         before = {pid: cpu_seconds(pid) for pid in roles}
         await trio.sleep(window)
@@ -45,7 +49,7 @@ async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]
             break
         # A child came or went (a rebalance, a standby placed anew): sample again.
     else:
-        raise RuntimeError(f"the fleet's children changed in each of {SAMPLES} samples")
+        raise RuntimeError("the fleet's children changed in each of its samples")
     held = await buffered(fleet)
 
     def of(role: str, values: dict[int, float]) -> dict[str, float]:
@@ -70,7 +74,11 @@ async def _roles(fleet: Fleet) -> dict[int, str]:
     roles = {}
     for worker in fleet.live():
         for pid in child_pids(fleet.procs[worker].pid):
-            shard = Path(f"/proc/{pid}/comm").read_text().strip().removeprefix("shard ")
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text()
+            except FileNotFoundError:
+                continue  # it exited meanwhile: the next look differs, the window is retried
+            shard = comm.strip().removeprefix("shard ")
             roles[pid] = "owner" if owners.get(shard) == worker else "standby"
     return roles
 
