@@ -99,6 +99,7 @@ class Supervisor:
         self._death_seen = trio.Event()  # set by the hand-off poll: run a round now
         self._judged: set[str] = set()  # watched peers judged by counter (``_read_members``)
         self._announced: set[tuple[str, str]] = set()  # changes announced for a peer
+        self._suspects: dict[str, str] = {}  # a watched peer's state our view lacks
         self._markers: set[str] = set()  # death markers we listed and will clear
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
         self.metrics = metrics or Metrics()
@@ -429,8 +430,24 @@ class Supervisor:
             view = RosterView.full(generation, ids, everyone.workers, now)
             fresh = everyone
             self._announced.clear()
+            self._suspects.clear()
         else:
             missed = [w for w in view.unannounced(fresh.workers) if w != self.worker_id]
+            # What the watch reads saw since the last round that no announcement explained (a
+            # change nobody announced: an older version, a child's ``orphaned`` mark, a lost
+            # announcement). Announced once, a round later: a change that was announced has
+            # moved the generation by then, and a watcher's second bump would cost the fleet
+            # another full read.
+            by_id = view.by_id()
+            missed += [
+                peer
+                for peer, state in self._suspects.items()
+                if peer in by_id
+                and by_id[peer].state != state
+                and (peer, state) not in self._announced
+            ]
+            self._announced.update(self._suspects.items())
+            self._suspects.clear()
             view = view.updated(fresh.workers)
             if missed:
                 log.info("announcing a change nobody announced: %s", ", ".join(missed))
@@ -506,17 +523,10 @@ class Supervisor:
         self.tracker.saw_counter(peer, seen.counter, seen.session, at)
         view = self._roster
         known = view.by_id().get(peer) if view is not None else None
-        if (
-            known is not None
-            and seen.counter >= known.counter  # not a replica older than our view
-            and seen.state != known.state
-            and (peer, seen.state) not in self._announced
-        ):
-            # A change nobody announced (an older version, a child's ``orphaned`` mark, a
-            # lost announcement): announced for it, once, so that every worker re-reads.
-            self._announced.add((peer, seen.state))
-            log.info("announcing a change nobody announced: %s is %s", peer, seen.state)
-            await self._announce("unannounced")
+        if known is not None and seen.counter >= known.counter and seen.state != known.state:
+            # Its item says more than our view (and it is not a replica older than the view):
+            # the next round announces it unless the generation moved meanwhile.
+            self._suspects[peer] = seen.state
 
     async def _declare_dead(self, worker: WorkerItem) -> None:
         """A watched peer's counter stood still for a full lease on our clock, as this round's

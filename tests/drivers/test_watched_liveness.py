@@ -124,7 +124,9 @@ async def test_a_change_nobody_announced_is_announced_by_its_watchers(autojump_c
         await trio.sleep(3 * DURATION)
         before = (await h.store.read_worker_items(())).generation
         state[0] = "draining"
-        await trio.sleep(3 * RECONCILE)
+        # Its next heartbeat, a watch read, the watcher's next round (it announces), everyone's
+        # next round (they re-read every item).
+        await trio.sleep(HEARTBEAT + 3 * RECONCILE)
         assert (await h.store.read_worker_items(())).generation > before
         for w, sup in sups.items():
             assert sup._roster is not None
@@ -178,3 +180,23 @@ async def test_a_watcher_sees_each_heartbeat_within_a_poll_and_acts_a_lease_afte
         taken = trio.current_time()
         nursery.cancel_scope.cancel()
     assert DURATION <= taken - last_heartbeat <= DURATION + watch_poll(HEARTBEAT) + 0.1
+
+
+async def test_an_announced_change_is_not_announced_again_by_its_watchers(autojump_clock):
+    """A worker that drains announces it itself; its watchers, whose reads see the new state
+    before their next round, do not raise the generation a second time (each raise costs
+    every worker a read of every item)."""
+    h = Harness(shards=4)
+    stores = {w: h.store.peer() for w in ("w1", "w2", "w3", "w4")}
+    async with trio.open_nursery() as nursery:
+        for w, store in stores.items():
+            await nursery.start(h.supervisor(w, store).run)
+        await trio.sleep(3 * DURATION)
+        for store in stores.values():
+            store.request_counts.clear()
+        await h.store.request_drain("w1", 1.0)
+        await trio.sleep(HEARTBEAT + 4 * RECONCILE)
+        items = {w.id: w.state for w in (await h.store.read_worker_items(list(stores))).workers}
+        assert items["w1"] == "draining"
+        assert [s.request_counts["announce"] for s in stores.values()] == [1, 0, 0, 0]
+        nursery.cancel_scope.cancel()
