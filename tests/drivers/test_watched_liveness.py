@@ -19,7 +19,7 @@ from supervisor.adapters.lease_store.memory import MemoryLeaseStore
 from supervisor.config.model import LeaseConfig
 from supervisor.core import watch_ring
 from supervisor.core.items import WorkerItem, WorkerRead
-from supervisor.core.peer_watch import PROBE_EVERY, watch_poll
+from supervisor.core.peer_watch import PROBE_EVERY, Seen, Standing, watch_poll
 
 WORKERS = ("w1", "w2", "w3", "w4", "w5")
 
@@ -199,4 +199,44 @@ async def test_an_announced_change_is_not_announced_again_by_its_watchers(autoju
         items = {w.id: w.state for w in (await h.store.read_worker_items(list(stores))).workers}
         assert items["w1"] == "draining"
         assert [s.request_counts["announce"] for s in stores.values()] == [1, 0, 0, 0]
+        nursery.cancel_scope.cancel()
+
+
+class FrozenWatchReads(MemoryLeaseStore):
+    """A store handle whose eventually consistent watch reads keep returning one old value
+    while ``frozen`` is set (a replica stuck behind), like a lagging DynamoDB replica."""
+
+    def __init__(self, shared: MemoryLeaseStore) -> None:
+        super().__init__()
+        self._table = shared._table
+        self.frozen: Seen | None = None
+
+    async def watch_read(self, worker_id: str) -> Seen | None:
+        seen = await super().watch_read(worker_id)
+        return self.frozen if self.frozen is not None else seen
+
+
+async def test_a_peer_the_watch_reads_saw_stand_still_is_confirmed_alive_and_watched_again(
+    autojump_clock,
+):
+    """Stale watch reads can make a live peer look still for a lease: the round's strongly
+    consistent read then finds it alive (no death is declared on those reads), and its clock
+    starts over, so the watch reads go on rather than leave it to the rounds."""
+    h = Harness(shards=2)
+    w2_store = FrozenWatchReads(h.store)
+    w1, w2 = h.supervisor("w1", h.store.peer()), h.supervisor("w2", w2_store)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await nursery.start(w2.run)
+        await trio.sleep(3 * DURATION)
+        w2_store.frozen = await h.store.watch_read("w1")
+        await trio.sleep(DURATION + 2 * RECONCILE)  # w2's watch reads see nothing move
+        assert not w2.tracker.is_dead("w1", trio.current_time())
+        assert (await h.store.read_worker_items(["w1"])).workers[0].state == "running"
+        w2_store.frozen = None
+        reads = w2_store.request_counts["watch_read"]
+        await trio.sleep(4 * HEARTBEAT)
+        clock = w2.book.clocks["w1"]
+        assert clock.standing(trio.current_time()) is Standing.ALIVE
+        assert w2_store.request_counts["watch_read"] - reads >= 4  # read on its rhythm again
         nursery.cancel_scope.cancel()
