@@ -2,8 +2,9 @@
 
 * ``PeerTracker`` judges peers alive or dead the way KCL judges leases: by watching their
   heartbeat counter change on *our* monotonic clock. Wall clocks of other hosts are never compared.
-  Given a watch list (``watch``), it judges by counter only the peers it reads every round (the
-  watch ring's); the others are dead only when their item says so (a watcher's death notice).
+  Given a watch list (``watch``), it judges by counter only those peers (the watch ring's, read
+  between rounds and confirmed by a round's consistent read when due); the others are dead
+  only when their item says so (a watcher's death notice).
 * ``OwnLease`` measures our own validity from when we *sent* our last successful heartbeat, so we
   stop before any peer can possibly declare us dead.
 See docs/lease-protocol.md for the argument why this never lets two workers write one shard.
@@ -16,10 +17,9 @@ from collections.abc import Iterable
 import attrs
 
 from supervisor.core.items import WorkerItem
+from supervisor.core.peer_watch import GONE_STATES  # a clean exit, or a death notice
 
 _NEVER = float("-inf")
-# A clean exit, or a death notice (a watcher confirmed the counter still a full lease later).
-_GONE = frozenset({"stopped", "dead"})
 
 
 @attrs.define
@@ -52,10 +52,10 @@ class PeerTracker:
     _watched: frozenset[str] | None = None
 
     def watch(self, peers: Iterable[str] | None) -> None:
-        """The peers read (strongly consistently) every round from now on. Judging a peer we
-        have just started reading needs no fresh start: every counter here came from a
-        consistent read, so one unchanged across reads ``duration`` apart is a death, however
-        far apart those reads were."""
+        """The peers judged by counter from now on (None: every peer, as when every round read
+        every item). Judging a peer we have just started watching needs no fresh start: a
+        death is declared only on a consistent read, and one that shows a counter unchanged
+        since our first sight of it ``duration`` earlier is a death, however long ago that was."""
         self._watched = None if peers is None else frozenset(peers)
 
     def _judged(self, worker_id: str, seen: _Seen) -> bool:
@@ -99,7 +99,7 @@ class PeerTracker:
         seen = self._seen.get(worker_id)
         if seen is None:
             return False  # never observed: give it a full duration from first sight
-        if seen.state in _GONE:
+        if seen.state in GONE_STATES:
             return True  # retired cleanly (its children are gone), or declared dead
         return self._judged(worker_id, seen) and now - seen.changed_at >= self.duration
 
@@ -107,7 +107,7 @@ class PeerTracker:
         """When this peer's lease would fall due if its counter stays (inf: never, it is
         gone, unknown or not judged by counter)."""
         seen = self._seen.get(worker_id)
-        if seen is None or seen.state in _GONE or not self._judged(worker_id, seen):
+        if seen is None or seen.state in GONE_STATES or not self._judged(worker_id, seen):
             return float("inf")
         return seen.changed_at + self.duration
 
@@ -118,7 +118,7 @@ class PeerTracker:
         dues = [
             seen.changed_at + self.duration
             for worker_id, seen in self._seen.items()
-            if seen.state not in _GONE
+            if seen.state not in GONE_STATES
             and self._judged(worker_id, seen)
             and now - seen.changed_at < self.duration
         ]

@@ -11,6 +11,7 @@ write stays conditional), so a stale view costs balance, not safety.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -138,7 +139,7 @@ class RosterView:
 
     def updated(self, fresh: Iterable[WorkerItem]) -> RosterView:
         """The view with some items read again (ours, the watched peers')."""
-        by_id = {worker.id: worker for worker in self.workers}
+        by_id = dict(self.by_id())
         by_id.update((worker.id, worker) for worker in fresh if worker.id in self.ids)
         return attrs.evolve(self, workers=tuple(by_id[k] for k in sorted(by_id)))
 
@@ -146,7 +147,7 @@ class RosterView:
         """Peers whose fresh item differs from the view in what the view is for (a change
         whose announcement was lost, a child's ``orphaned`` mark, a worker of an older
         version): the watcher announces it for them."""
-        by_id = {worker.id: worker for worker in self.workers}
+        by_id = self.by_id()
         return tuple(
             worker.id
             for worker in fresh
@@ -158,7 +159,12 @@ class RosterView:
         still own shards until its lease runs out)."""
         return tuple(w.id for w in self.workers if w.state not in GONE_STATES)
 
-    def by_id(self) -> dict[str, WorkerItem]:
+    def by_id(self) -> Mapping[str, WorkerItem]:
+        """Built once per view: the watch loop looks peers up on every read."""
+        return self._by_id
+
+    @functools.cached_property
+    def _by_id(self) -> dict[str, WorkerItem]:
         return {worker.id: worker for worker in self.workers}
 
 

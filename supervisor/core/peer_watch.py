@@ -171,6 +171,19 @@ class WatchBook:
     def gone(self, now: float) -> tuple[str, ...]:
         return tuple(p for p, c in self.clocks.items() if c.standing(now) is Standing.GONE)
 
+    def confirmed(self, peer: str, seen: Seen, at: float) -> bool:
+        """A strongly consistent read (the driver's round) of a watched peer. When our reads
+        had left it due (stale replicas can show a live peer still) but it moved, its clock
+        starts over, unseen, so that the reads find its rhythm again rather than leave it to
+        the rounds. True when that happened (the driver wakes its reads)."""
+        clock = self.clocks.get(peer)
+        if clock is None or clock.seen is None or clock.standing(at) is not Standing.DUE:
+            return False
+        if (seen.counter, seen.session) == (clock.seen.counter, clock.seen.session):
+            return False
+        self.clocks[peer] = PeerClock(self.duration, self.heartbeat_interval)
+        return True
+
     def next_read(self, now: float) -> float:
         """When the next eventually consistent read is due (not before ``now``): the driver of
         protocol 1 confirms due peers in its reconcile round, so only reads wake it."""

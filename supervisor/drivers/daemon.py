@@ -466,18 +466,8 @@ class Supervisor:
             self.book.watch(judged)
             self._ring_moved.set()
         for worker in fresh.workers:  # a peer the watch loop left to this round, still alive
-            clock = self.book.clocks.get(worker.id)
-            if (
-                clock is not None
-                and clock.seen is not None
-                and (
-                    clock.standing(now) is peer_watch.Standing.DUE
-                    and (worker.counter, worker.session) != (clock.seen.counter, clock.seen.session)
-                )
-            ):
-                self.book.clocks[worker.id] = peer_watch.PeerClock(
-                    self.config.lease.duration, self.config.lease.heartbeat_interval
-                )
+            seen = peer_watch.Seen(worker.counter, worker.session, worker.state)
+            if self.book.confirmed(worker.id, seen, now):
                 self._ring_moved.set()
         for worker in fresh.workers:
             gone = worker.state in peer_watch.GONE_STATES

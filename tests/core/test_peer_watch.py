@@ -172,3 +172,17 @@ def test_a_death_is_confirmed_after_the_last_landed_heartbeat_plus_duration_and_
     # Detection at the lease: the last landing, the duration, and the read lag (a replica's
     # staleness, one heartbeat when the last one landed late, a poll, the loop's jitter).
     assert at <= landed + D + STALE + H + 2 * watch_poll(H)
+
+
+def test_a_consistent_read_that_finds_a_due_peer_moved_starts_its_clock_over():
+    """Stale replicas can leave a live peer due; the round's strongly consistent read then
+    shows it moved: its clock starts over unseen (read at once), not left due for good."""
+    book = WatchBook(D, H)
+    book.watch(["a"])
+    book.clocks["a"].observe(seen(4), at=0.0)
+    assert not book.confirmed("a", seen(9), at=5.0)  # not due: the reads follow it anyway
+    assert book.clocks["a"].standing(D) is Standing.DUE
+    assert not book.confirmed("a", seen(4), at=D)  # still: a death, the round's to declare
+    assert book.confirmed("a", seen(9), at=D)
+    assert book.clocks["a"].standing(D) is Standing.UNSEEN and book.to_read(D) == ("a",)
+    assert not book.confirmed("b", seen(1), at=D)  # not watched

@@ -66,6 +66,7 @@ class DynamoLeaseStore:
         self.table = table
         self.region = region
         self.endpoint = self._db.endpoint
+        self._fleet: DynamoFleet | None = None
 
     def __repr__(self) -> str:
         return f"DynamoLeaseStore({self.table!r}, {self.region!r}, {self.endpoint!r})"
@@ -102,7 +103,9 @@ class DynamoLeaseStore:
         memory store's billing and is ignored: DynamoDB bills itself)."""
         from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
 
-        return DynamoFleet(self, self._db)
+        if self._fleet is None:  # one per store: the watch reads use it several times a second
+            self._fleet = DynamoFleet(self, self._db)
+        return self._fleet
 
     # --- workers ----------------------------------------------------------------------------
 
