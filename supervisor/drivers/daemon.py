@@ -5,7 +5,9 @@ runners, the clock), asks a pure core, and acts: ``core.planner`` and ``core.rou
 (what a round takes, sheds, loses; when it scans), ``core.handoff`` (why a held shard leaves,
 to whom) and ``core.make_before_break`` (how), ``core.shard_set`` (what may run; reloads),
 ``core.health`` (readiness, the host quarantine, status and metrics). Standby runners and
-the successor's side of a hand-off are ``drivers.standbys``. One ``Supervisor`` per process.
+the successor's side of a hand-off are ``drivers.standbys``; the peers' liveness (the round's
+read of the workers, watch reads, death notices, announcements) is ``drivers.liveness``. One
+``Supervisor`` per process.
 """
 
 from __future__ import annotations
@@ -42,20 +44,18 @@ from supervisor.core import (
     handoff,
     health,
     make_before_break,
-    peer_watch,
     round_policy,
     shard_set,
-    watch_ring,
 )
 from supervisor.core.handoff import LeaveReason
 from supervisor.core.health import SupervisorState
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, WorkerItem
-from supervisor.core.lease import OwnLease, PeerTracker
+from supervisor.core.lease import OwnLease
 from supervisor.core.make_before_break import Adoption
-from supervisor.core.membership import MEMBERSHIP_REFRESH, RosterView
 from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import TAKEN, ShardWatch
+from supervisor.drivers.liveness import Liveness
 from supervisor.drivers.reporting import Reporter
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
@@ -69,7 +69,6 @@ TAKES_AT_ONCE = 8
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
-DEATH_MARKER_ROUNDS = 2  # a death marker stays listed this many reconcile intervals
 
 
 class Supervisor:
@@ -92,17 +91,10 @@ class Supervisor:
         self.now, self.wall = now, wall
         lease = config.lease
         self.lease = OwnLease(lease.duration, lease.effective_safety_margin)
-        self.tracker = PeerTracker(lease.duration)
-        # When to read the watched peers between rounds (their heartbeats' rhythm).
-        self.book = peer_watch.WatchBook(lease.duration, lease.heartbeat_interval)
-        self._ring_moved = trio.Event()
-        self._death_seen = trio.Event()  # set by the hand-off poll: run a round now
-        self._judged: set[str] = set()  # watched peers judged by counter (``_read_members``)
-        self._announced: set[tuple[str, str]] = set()  # changes announced for a peer
-        self._suspects: dict[str, str] = {}  # a watched peer's state our view lacks
-        self._markers: set[str] = set()  # death markers we listed and will clear
         spawn = spawn or fresh_spawner(config.supervisor.worker_command)
         self.metrics = metrics or Metrics()
+        self.liveness = Liveness(lease, worker_id, store, self.metrics, now)
+        self.tracker = self.liveness.tracker
         self.metrics.info.labels(worker_id).set(1)
         self.metrics.watch(self.metrics_state)
         if hasattr(store, "observer"):
@@ -145,8 +137,6 @@ class Supervisor:
         self._ready_sent = False
         self.operator_drain = False  # `shardvisor drain`: hand everything off, take nothing
         self._snapshot: Snapshot | None = None  # the last full scan (workers: last round's)
-        self._roster: RosterView | None = None  # the workers as last read (``_read_members``)
-        self._item_read_at: dict[str, float] = {}  # when each worker item was last read
         self._scans = round_policy.ScanSchedule(lease.full_scan_interval)
         self._taking: set[str] = set()
         self._registered_at = float("inf")
@@ -161,7 +151,7 @@ class Supervisor:
             snapshot=lambda: self._snapshot,
             local=self.local_status,
             runners=lambda: self.runners,
-            read_ago=lambda: {w: self.now() - at for w, at in self._item_read_at.items()},
+            read_ago=lambda: {w: self.now() - at for w, at in self.liveness.item_read_at.items()},
         )
 
     # --- control -------------------------------------------------------------------------------
@@ -228,7 +218,7 @@ class Supervisor:
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._lease_watchdog)
-            nursery.start_soon(self._watch_loop)
+            await nursery.start(self.liveness.run)
             nursery.start_soon(self.watch.run)
             if self.config.lease.handoff_poll_interval > 0:
                 nursery.start_soon(self._handoff_poll_loop)
@@ -283,8 +273,8 @@ class Supervisor:
         await self.store.register_worker(item)
         self._advertised = item.standbys
         self._announced_state = item.state
-        await self._announce("join")
-        await self._clear_death_marker(self.worker_id)  # our earlier incarnation's, if any
+        await self.liveness.announce("join")
+        await self.liveness.clear_death_marker(self.worker_id)  # our earlier incarnation's
         self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
         log.info(
@@ -320,7 +310,7 @@ class Supervisor:
                 self._advertised = ready
             if standbys is not None or state != self._announced_state:
                 self._announced_state = state
-                await self._announce("state")  # peers re-read every worker item
+                await self.liveness.announce("state")  # peers re-read every worker item
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
@@ -340,7 +330,7 @@ class Supervisor:
             # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
             # peers may own our shards now. Never extend a fence across that gap.
             self._lose_all("own lease lapsed before the heartbeat")
-            await self._announce("rejoin")  # a watcher may have declared us dead meanwhile
+            await self.liveness.announce("rejoin")  # a watcher may have declared us dead meanwhile
         self.lease.heartbeat_succeeded(sent)
         deadline = self.lease.valid_until
         for runner in list(self.runners.values()):
@@ -395,195 +385,12 @@ class Supervisor:
                 await self._reconcile_once()
             except StoreUnavailable as exc:
                 log.warning("reconcile skipped: %s", exc)
-            now = self.now()
-            interval = self.config.lease.reconcile_interval
-            with trio.move_on_after(
-                round_policy.next_round_in(now, interval, self.tracker.next_due(now))
-            ):
-                await self._death_seen.wait()  # a hand-off poll saw a death marker: now
-            if self._death_seen.is_set():
-                self._death_seen = trio.Event()
-
-    async def _read_members(self) -> tuple[WorkerItem, ...]:
-        """The round's view of the workers (``membership.RosterView``): the generation and our
-        own item every round, strongly consistently, with the watched peers whose lease falls
-        due before the next round (the confirmation the watch loop's reads cannot give) or
-        that we do not judge yet; every item only when the view may be out of date. Declares
-        the watched peers whose counter stood still for a lease (a death notice)."""
-        ids = await self.store.worker_ids()
-        view = self._roster
-        watched = set(watch_ring.watched_by(self.worker_id, view.on_ring())) if view else set()
-        horizon = self.now() + self.config.lease.reconcile_interval + round_policy.DUE_SLACK
-        confirm = {
-            peer
-            for peer in watched
-            if peer not in self._judged or self.tracker.due_at(peer) <= horizon
-        }
-        fresh = await self.store.read_worker_items({self.worker_id, *confirm} & set(ids))
-        now = self.now()
-        if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
-            # Recorded for the generation read *before* it: every change is written first
-            # and announced after, so this read holds every change that generation counts.
-            everyone = await self.store.read_worker_items(ids)
-            now = self.now()
-            generation = fresh.generation if view is not None else -1  # -1: read again
-            view = RosterView.full(generation, ids, everyone.workers, now)
-            fresh = everyone
-            self._announced.clear()
-            self._suspects.clear()
-        else:
-            missed = [w for w in view.unannounced(fresh.workers) if w != self.worker_id]
-            # What the watch reads saw since the last round that no announcement explained (a
-            # change nobody announced: an older version, a child's ``orphaned`` mark, a lost
-            # announcement). Announced once, a round later: a change that was announced has
-            # moved the generation by then, and a watcher's second bump would cost the fleet
-            # another full read.
-            by_id = view.by_id()
-            missed += [
-                peer
-                for peer, state in self._suspects.items()
-                if peer in by_id
-                and by_id[peer].state != state
-                and (peer, state) not in self._announced
-            ]
-            self._announced.update(self._suspects.items())
-            self._suspects.clear()
-            view = view.updated(fresh.workers)
-            if missed:
-                log.info("announcing a change nobody announced: %s", ", ".join(missed))
-                await self._announce("unannounced")
-        self._roster = view
-        self._item_read_at = {w: self._item_read_at.get(w, now) for w in view.ids}
-        self._item_read_at.update((worker.id, now) for worker in fresh.workers)
-        # Judged by counter: the peers we watch, once a strongly consistent read backs their
-        # counter (a peer the ring gave us only now is read this round or the next).
-        read = {worker.id for worker in fresh.workers}
-        judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & (self._judged | read)
-        self._judged = judged
-        self.tracker.watch(judged)
-        self.tracker.observe(fresh.workers, now)
-        if set(self.book.clocks) != judged:  # its own reads find each new peer's rhythm
-            self.book.watch(judged)
-            self._ring_moved.set()
-        for worker in fresh.workers:  # a peer the watch loop left to this round, still alive
-            seen = peer_watch.Seen(worker.counter, worker.session, worker.state)
-            if self.book.confirmed(worker.id, seen, now):
-                self._ring_moved.set()
-        for worker in fresh.workers:
-            gone = worker.state in peer_watch.GONE_STATES
-            if worker.id in judged and not gone and self.tracker.is_dead(worker.id, now):
-                # Beside this round's takes, not before them: the notice is for the peers
-                # that do not watch it (and it is written at most once: its condition).
-                assert self._nursery is not None
-                self._nursery.start_soon(self._declare_dead, worker)
-        return view.workers
-
-    async def _watch_loop(self) -> None:
-        """Between rounds, read each watched peer eventually consistently about when its next
-        heartbeat should land, then every quarter heartbeat (at most 250 ms) until it does
-        (``peer_watch``): the lease's clock then starts within that of the heartbeat, not up
-        to a round later, and the round that falls due (``PeerTracker.next_due``) confirms
-        with its strongly consistent read. Half a read unit per read, K peers."""
-        heartbeat = self.config.lease.heartbeat_interval
-        while True:
-            now = self.now()
-            with trio.move_on_after(min(self.book.next_read(now), now + heartbeat) - now):
-                await self._ring_moved.wait()  # a round watches other peers now
-            if self._ring_moved.is_set():
-                self._ring_moved = trio.Event()
-            async with trio.open_nursery() as reads:  # the K peers side by side
-                for peer in self.book.to_read(self.now()):
-                    reads.start_soon(self._watch_read, peer)
-
-    async def _watch_read(self, peer: str) -> None:
-        try:
-            with trio.fail_after(self.config.lease.heartbeat_interval):
-                seen = await self.store.watch_read(peer)
-        except (StoreUnavailable, trio.TooSlowError) as exc:
-            log.debug("watch read of %s failed: %s", peer, str(exc) or "timeout")
-            seen = None
-        at = self.now()
-        clock = self.book.clocks.get(peer)
-        if clock is None:  # the ring moved on meanwhile
-            return
-        if seen is None:
-            clock.read_failed(at)
-            return
-        clock.observe(seen, at)
-        self.tracker.saw_counter(peer, seen.counter, seen.session, at)
-        view = self._roster
-        known = view.by_id().get(peer) if view is not None else None
-        if known is not None and seen.counter >= known.counter and seen.state != known.state:
-            # Its item says more than our view (and it is not a replica older than the view):
-            # the next round announces it unless the generation moved meanwhile.
-            self._suspects[peer] = seen.state
-
-    async def _declare_dead(self, worker: WorkerItem) -> None:
-        """A watched peer's counter stood still for a full lease on our clock, as this round's
-        strongly consistent read confirms: write its death notice (conditional on exactly that
-        counter and session) and announce it, so that peers not watching it learn it at
-        their next round. A notice that fails was written by its other watcher, or the peer
-        beat meanwhile; either way the next read tells."""
-        try:
-            with trio.fail_after(self.config.lease.reconcile_interval):
-                written = await self.store.death_notice(
-                    worker.id, worker.counter, worker.session, self.worker_id
-                )
-        except (LeaseStoreError, trio.TooSlowError) as exc:
-            log.warning("death notice for %s not written: %s", worker.id, str(exc) or "timeout")
-            return
-        if written:
-            self.metrics.deaths_declared.inc()
-            log.warning(
-                "declared worker %s dead: its heartbeat counter %d stood still for %ss",
-                worker.id,
-                worker.counter,
-                self.config.lease.duration,
-                extra={"worker": worker.id},
-            )
-            generation = await self._announce("death")  # after the write: peers read the table
-            if generation is not None:
-                await self._mark_death(worker.id, generation)
-
-    async def _mark_death(self, worker_id: str, generation: int) -> None:
-        """List a death marker for a few rounds: every worker's hand-off poll (250 ms) sees it
-        and runs a round at once, so the peers that do not watch the dead worker take their
-        part of its shards within a poll of the notice rather than at their next round."""
-        try:
-            with trio.fail_after(MEMBERS_READ_TIMEOUT):
-                await self.store.mark_death(worker_id, generation)
-        except (LeaseStoreError, trio.TooSlowError) as exc:
-            log.warning("death marker for %s not written: %s", worker_id, str(exc) or "timeout")
-            return
-        self._markers.add(worker_id)
-        await trio.sleep(DEATH_MARKER_ROUNDS * self.config.lease.reconcile_interval)
-        await self._clear_death_marker(worker_id)
-
-    async def _clear_death_marker(self, worker_id: str) -> None:
-        """Bounded, best effort: a marker left listed costs each poll a few dozen bytes until
-        that worker id registers again (it clears its own)."""
-        self._markers.discard(worker_id)
-        with trio.move_on_after(MEMBERS_READ_TIMEOUT):
-            try:
-                await self.store.clear_death_marker(worker_id)
-            except LeaseStoreError as exc:
-                log.warning("death marker for %s not cleared: %s", worker_id, exc)
-
-    async def _announce(self, why: str) -> int | None:
-        """Raise the membership generation after writing a change (bounded, best effort: a
-        lost announcement is made by the changed worker's watchers, who see the change).
-        The new generation, or None."""
-        with trio.move_on_after(MEMBERS_READ_TIMEOUT):
-            try:
-                return await self.store.announce(why)
-            except LeaseStoreError as exc:
-                log.warning("membership change (%s) not announced: %s", why, exc)
-        return None
+            await self.liveness.next_round(self.config.lease.reconcile_interval)
 
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only
         when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
-        workers = await self._read_members()
+        workers = await self.liveness.read_members()
         now = self.now()
         for runner in self.runners.values():
             successor = runner.handing_off_to
@@ -595,13 +402,7 @@ class Supervisor:
         if scan:
             snapshot = await self.store.snapshot()
             now = self.now()
-            self.tracker.observe(snapshot.workers, now)
-            if self._roster is not None:  # fresher than the view for peers we do not watch
-                self._roster = self._roster.updated(snapshot.workers)
-                workers = self._roster.workers
-                self._item_read_at.update(
-                    (w.id, now) for w in snapshot.workers if w.id in self._roster.ids
-                )
+            workers = self.liveness.scanned(snapshot.workers, now)
             self._scans.scanned(now)
             self._refresh_runnable(snapshot)
         else:
@@ -731,9 +532,7 @@ class Supervisor:
             except StoreUnavailable as exc:
                 log.debug("hand-off poll skipped: %s", exc)
                 continue
-            view = self._roster
-            if view is not None and any(d.generation > view.generation for d in listing.deaths):
-                self._death_seen.set()  # a peer died since our view: a round now
+            self.liveness.deaths_listed(listing.deaths)  # a round now, if a peer died
             for shard in round_policy.handoff_takes(listing.shards, self.worker_id, self._runnable):
                 # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
                 if self._accepting(self.now()):
@@ -1029,11 +828,10 @@ class Supervisor:
                 async with self._heartbeat_lock:
                     self._retired = True
                     await self.store.retire_worker(self.worker_id, self.session, self.wall())
-                await self._announce("stop")
+                await self.liveness.announce("stop")
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
-        for worker_id in list(self._markers):  # their clearing rounds will not come
-            await self._clear_death_marker(worker_id)
+        await self.liveness.clear_death_markers()
         log.info("drained in %.2fs", self.now() - started)
 
     # --- health and metrics ----------------------------------------------------------------------

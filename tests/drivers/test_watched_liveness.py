@@ -129,8 +129,8 @@ async def test_a_change_nobody_announced_is_announced_by_its_watchers(autojump_c
         await trio.sleep(HEARTBEAT + 3 * RECONCILE)
         assert (await h.store.read_worker_items(())).generation > before
         for w, sup in sups.items():
-            assert sup._roster is not None
-            seen = {worker.id: worker.state for worker in sup._roster.workers}
+            assert sup.liveness.roster is not None
+            seen = {worker.id: worker.state for worker in sup.liveness.roster.workers}
             assert seen["w0"] == "draining", w
         nursery.cancel_scope.cancel()
 
@@ -236,7 +236,7 @@ async def test_a_peer_the_watch_reads_saw_stand_still_is_confirmed_alive_and_wat
         w2_store.frozen = None
         reads = w2_store.request_counts["watch_read"]
         await trio.sleep(4 * HEARTBEAT)
-        clock = w2.book.clocks["w1"]
+        clock = w2.liveness.book.clocks["w1"]
         assert clock.standing(trio.current_time()) is Standing.ALIVE
         assert w2_store.request_counts["watch_read"] - reads >= 4  # read on its rhythm again
         nursery.cancel_scope.cancel()

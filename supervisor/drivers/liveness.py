@@ -1,0 +1,285 @@
+"""The peers' liveness on protocol 1's table (issue 16): what a round knows of the workers.
+
+Each worker judges by heartbeat counter only the peers the watch ring gives it
+(``core.watch_ring``), reads them eventually consistently between rounds on their heartbeats'
+rhythm (``core.peer_watch``), confirms a due one with the round's strongly consistent read, then
+writes its death notice and a death marker; every membership change is written first and
+announced after (the generation on the meta item), and a round re-reads every worker item only
+when the generation moved (``core.membership.RosterView``). The pure decisions live in those
+cores and in ``core.lease.PeerTracker``; this driver does the reads and writes, on the
+supervisor's clock. docs/lease-protocol.md, *Liveness*.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import trio
+
+from supervisor.adapters.lease_store.base import LeaseStore, LeaseStoreError, StoreUnavailable
+from supervisor.adapters.metrics import Metrics
+from supervisor.config.model import LeaseConfig
+from supervisor.core import peer_watch, round_policy, watch_ring
+from supervisor.core.items import DeathMarker, WorkerItem
+from supervisor.core.lease import PeerTracker
+from supervisor.core.membership import MEMBERSHIP_REFRESH, RosterView
+
+log = logging.getLogger("shardvisor.supervisor")
+
+STORE_WRITE_TIMEOUT = 1.0  # an announcement, a death marker: best effort, bounded
+DEATH_MARKER_ROUNDS = 2  # a death marker stays listed this many reconcile intervals
+
+
+class Liveness:
+    """One supervisor's view of its peers. ``run`` holds the watch reads and the notices'
+    tasks; ``read_members`` is the round's read of the workers."""
+
+    def __init__(
+        self,
+        lease: LeaseConfig,
+        worker_id: str,
+        store: LeaseStore,
+        metrics: Metrics,
+        now: Callable[[], float],
+    ) -> None:
+        self.lease, self.worker_id, self.store, self.metrics, self.now = (
+            lease,
+            worker_id,
+            store,
+            metrics,
+            now,
+        )
+        self.tracker = PeerTracker(lease.duration)
+        # When to read the watched peers between rounds (their heartbeats' rhythm).
+        self.book = peer_watch.WatchBook(lease.duration, lease.heartbeat_interval)
+        self.roster: RosterView | None = None  # the workers as last read (``read_members``)
+        self.item_read_at: dict[str, float] = {}  # when each worker item was last read
+        self.death_seen = trio.Event()  # a death marker newer than our view: a round now
+        self._ring_moved = trio.Event()
+        self._judged: set[str] = set()  # watched peers judged by counter
+        self._announced: set[tuple[str, str]] = set()  # changes announced for a peer
+        self._suspects: dict[str, str] = {}  # a watched peer's state our view lacks
+        self._markers: set[str] = set()  # death markers we listed and will clear
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The watch reads, and a nursery for the notices and markers rounds start."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._watch_loop()
+
+    # --- the round ---------------------------------------------------------------------------
+
+    async def read_members(self) -> tuple[WorkerItem, ...]:
+        """The round's view of the workers (``membership.RosterView``): the generation and our
+        own item every round, strongly consistently, with the watched peers whose lease falls
+        due before the next round (the confirmation the watch loop's reads cannot give) or
+        that we do not judge yet; every item only when the view may be out of date. Declares
+        the watched peers whose counter stood still for a lease (a death notice)."""
+        ids = await self.store.worker_ids()
+        view = self.roster
+        watched = set(watch_ring.watched_by(self.worker_id, view.on_ring())) if view else set()
+        horizon = self.now() + self.lease.reconcile_interval + round_policy.DUE_SLACK
+        confirm = {
+            peer
+            for peer in watched
+            if peer not in self._judged or self.tracker.due_at(peer) <= horizon
+        }
+        fresh = await self.store.read_worker_items({self.worker_id, *confirm} & set(ids))
+        now = self.now()
+        if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
+            # Recorded for the generation read *before* it: every change is written first
+            # and announced after, so this read holds every change that generation counts.
+            everyone = await self.store.read_worker_items(ids)
+            now = self.now()
+            generation = fresh.generation if view is not None else -1  # -1: read again
+            view = RosterView.full(generation, ids, everyone.workers, now)
+            fresh = everyone
+            self._announced.clear()
+            self._suspects.clear()
+        else:
+            missed = [w for w in view.unannounced(fresh.workers) if w != self.worker_id]
+            # What the watch reads saw since the last round that no announcement explained (a
+            # change nobody announced: an older version, a child's ``orphaned`` mark, a lost
+            # announcement). Announced once, a round later: a change that was announced has
+            # moved the generation by then, and a watcher's second bump would cost the fleet
+            # another full read.
+            by_id = view.by_id()
+            missed += [
+                peer
+                for peer, state in self._suspects.items()
+                if peer in by_id
+                and by_id[peer].state != state
+                and (peer, state) not in self._announced
+            ]
+            self._announced.update(self._suspects.items())
+            self._suspects.clear()
+            view = view.updated(fresh.workers)
+            if missed:
+                log.info("announcing a change nobody announced: %s", ", ".join(missed))
+                await self.announce("unannounced")
+        self.roster = view
+        self.item_read_at = {w: self.item_read_at.get(w, now) for w in view.ids}
+        self.item_read_at.update((worker.id, now) for worker in fresh.workers)
+        # Judged by counter: the peers we watch, once a strongly consistent read backs their
+        # counter (a peer the ring gave us only now is read this round or the next).
+        read = {worker.id for worker in fresh.workers}
+        judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & (self._judged | read)
+        self._judged = judged
+        self.tracker.watch(judged)
+        self.tracker.observe(fresh.workers, now)
+        if set(self.book.clocks) != judged:  # its own reads find each new peer's rhythm
+            self.book.watch(judged)
+            self._ring_moved.set()
+        for worker in fresh.workers:  # a peer the watch loop left to this round, still alive
+            seen = peer_watch.Seen(worker.counter, worker.session, worker.state)
+            if self.book.confirmed(worker.id, seen, now):
+                self._ring_moved.set()
+        for worker in fresh.workers:
+            gone = worker.state in peer_watch.GONE_STATES
+            if worker.id in judged and not gone and self.tracker.is_dead(worker.id, now):
+                # Beside this round's takes, not before them: the notice is for the peers
+                # that do not watch it (and it is written at most once: its condition).
+                assert self._nursery is not None, "Liveness.run is not running"
+                self._nursery.start_soon(self._declare_dead, worker)
+        return view.workers
+
+    def scanned(self, workers: Sequence[WorkerItem], now: float) -> tuple[WorkerItem, ...]:
+        """A full scan read every worker item: fresher than the view for the peers we do not
+        watch. The view's workers."""
+        self.tracker.observe(workers, now)
+        if self.roster is None:
+            return tuple(workers)
+        self.roster = self.roster.updated(workers)
+        self.item_read_at.update((w.id, now) for w in workers if w.id in self.roster.ids)
+        return self.roster.workers
+
+    def deaths_listed(self, deaths: Sequence[DeathMarker]) -> None:
+        """The hand-off poll's listing: a death marker newer than our view wakes the round."""
+        view = self.roster
+        if view is not None and any(d.generation > view.generation for d in deaths):
+            self.death_seen.set()
+
+    async def next_round(self, interval: float) -> None:
+        """Sleep until the next round: the interval, sooner when a watched peer's lease falls
+        due (``round_policy.next_round_in``) or a death marker was seen."""
+        now = self.now()
+        with trio.move_on_after(
+            round_policy.next_round_in(now, interval, self.tracker.next_due(now))
+        ):
+            await self.death_seen.wait()
+        if self.death_seen.is_set():
+            self.death_seen = trio.Event()
+
+    # --- between rounds ----------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        """Between rounds, read each watched peer eventually consistently about when its next
+        heartbeat should land, then every quarter heartbeat (at most 250 ms) until it does
+        (``peer_watch``): the lease's clock then starts within that of the heartbeat, not up
+        to a round later, and the round that falls due (``PeerTracker.next_due``) confirms
+        with its strongly consistent read. Half a read unit per read, K peers."""
+        heartbeat = self.lease.heartbeat_interval
+        while True:
+            now = self.now()
+            with trio.move_on_after(min(self.book.next_read(now), now + heartbeat) - now):
+                await self._ring_moved.wait()  # a round watches other peers now
+            if self._ring_moved.is_set():
+                self._ring_moved = trio.Event()
+            async with trio.open_nursery() as reads:  # the K peers side by side
+                for peer in self.book.to_read(self.now()):
+                    reads.start_soon(self._watch_read, peer)
+
+    async def _watch_read(self, peer: str) -> None:
+        try:
+            with trio.fail_after(self.lease.heartbeat_interval):
+                seen = await self.store.watch_read(peer)
+        except (StoreUnavailable, trio.TooSlowError) as exc:
+            log.debug("watch read of %s failed: %s", peer, str(exc) or "timeout")
+            seen = None
+        at = self.now()
+        clock = self.book.clocks.get(peer)
+        if clock is None:  # the ring moved on meanwhile
+            return
+        if seen is None:
+            clock.read_failed(at)
+            return
+        clock.observe(seen, at)
+        self.tracker.saw_counter(peer, seen.counter, seen.session, at)
+        view = self.roster
+        known = view.by_id().get(peer) if view is not None else None
+        if known is not None and seen.counter >= known.counter and seen.state != known.state:
+            # Its item says more than our view (and it is not a replica older than the view):
+            # the next round announces it unless the generation moved meanwhile.
+            self._suspects[peer] = seen.state
+
+    # --- notices, markers, announcements -------------------------------------------------------
+
+    async def _declare_dead(self, worker: WorkerItem) -> None:
+        """A watched peer's counter stood still for a full lease on our clock, as this round's
+        strongly consistent read confirms: write its death notice (conditional on exactly that
+        counter and session) and announce it, so that peers not watching it learn it at
+        their next round. A notice that fails was written by its other watcher, or the peer
+        beat meanwhile; either way the next read tells."""
+        try:
+            with trio.fail_after(self.lease.reconcile_interval):
+                written = await self.store.death_notice(
+                    worker.id, worker.counter, worker.session, self.worker_id
+                )
+        except (LeaseStoreError, trio.TooSlowError) as exc:
+            log.warning("death notice for %s not written: %s", worker.id, str(exc) or "timeout")
+            return
+        if written:
+            self.metrics.deaths_declared.inc()
+            log.warning(
+                "declared worker %s dead: its heartbeat counter %d stood still for %ss",
+                worker.id,
+                worker.counter,
+                self.lease.duration,
+                extra={"worker": worker.id},
+            )
+            generation = await self.announce("death")  # after the write: peers read the table
+            if generation is not None:
+                await self._mark_death(worker.id, generation)
+
+    async def _mark_death(self, worker_id: str, generation: int) -> None:
+        """List a death marker for a few rounds: every worker's hand-off poll (250 ms) sees it
+        and runs a round at once, so the peers that do not watch the dead worker take their
+        part of its shards within a poll of the notice rather than at their next round."""
+        try:
+            with trio.fail_after(STORE_WRITE_TIMEOUT):
+                await self.store.mark_death(worker_id, generation)
+        except (LeaseStoreError, trio.TooSlowError) as exc:
+            log.warning("death marker for %s not written: %s", worker_id, str(exc) or "timeout")
+            return
+        self._markers.add(worker_id)
+        await trio.sleep(DEATH_MARKER_ROUNDS * self.lease.reconcile_interval)
+        await self.clear_death_marker(worker_id)
+
+    async def clear_death_marker(self, worker_id: str) -> None:
+        """Bounded, best effort: a marker left listed costs each poll a few dozen bytes until
+        that worker id registers again (it clears its own)."""
+        self._markers.discard(worker_id)
+        with trio.move_on_after(STORE_WRITE_TIMEOUT):
+            try:
+                await self.store.clear_death_marker(worker_id)
+            except LeaseStoreError as exc:
+                log.warning("death marker for %s not cleared: %s", worker_id, exc)
+
+    async def clear_death_markers(self) -> None:
+        """At exit: the markers we listed, whose clearing rounds will not come."""
+        for worker_id in list(self._markers):
+            await self.clear_death_marker(worker_id)
+
+    async def announce(self, why: str) -> int | None:
+        """Raise the membership generation after writing a change (bounded, best effort: a
+        lost announcement is made by the changed worker's watchers, who see the change).
+        The new generation, or None."""
+        with trio.move_on_after(STORE_WRITE_TIMEOUT):
+            try:
+                return await self.store.announce(why)
+            except LeaseStoreError as exc:
+                log.warning("membership change (%s) not announced: %s", why, exc)
+        return None
