@@ -42,6 +42,18 @@ def round_signature(
     return (membership, tuple(vacant), mine.mailbox if mine else -1, standbys)
 
 
+def only_members_lost(before: tuple[object, ...], after: tuple[object, ...]) -> bool:
+    """Between two round signatures, nothing changed but live members ceasing to be live
+    (no join, no vacancy, no poke, no standby moved)."""
+    if len(before) != len(after) or before[1:] != after[1:]:
+        return False
+    old, new = dict(before[0]), dict(after[0])  # type: ignore[call-overload]
+    if old.keys() != new.keys():
+        return False
+    changed = [worker for worker in new if new[worker] != old[worker]]
+    return bool(changed) and all(old[w] == "live" for w in changed)
+
+
 @attrs.define
 class ScanSchedule:
     """Decides when a round reads the whole table instead of only the workers and vacant shards:
@@ -58,12 +70,19 @@ class ScanSchedule:
         """Our own leases changed (a take, a runner ended, a reload): scan next round."""
         self._rescan = True
 
-    def due(self, signature: object, now: float) -> bool:
-        return (
-            self._rescan
-            or signature != self._seen
-            or now - self._scanned_at >= self.full_scan_interval
-        )
+    def due(self, signature: tuple[object, ...], now: float) -> bool:
+        """True: scan before planning. A round that only lost members (a death, a clean exit)
+        plans on the last scan and scans at the next round: the lost members' shards are
+        taken a Scan sooner, and a take planned on a view a change made stale only fails its
+        condition (owner and epoch)."""
+        if self._rescan or now - self._scanned_at >= self.full_scan_interval:
+            return True
+        if signature == self._seen:
+            return False
+        if isinstance(self._seen, tuple) and only_members_lost(self._seen, signature):
+            self._rescan = True
+            return False
+        return True
 
     def scanned(self, now: float) -> None:
         """A full scan finished at ``now``."""

@@ -59,6 +59,7 @@ from supervisor.drivers.liveness import Liveness
 from supervisor.drivers.reporting import Reporter
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
+from supervisor.drivers.together import both
 
 log = logging.getLogger("shardvisor.supervisor")
 
@@ -390,13 +391,12 @@ class Supervisor:
     async def _reconcile_once(self) -> None:
         """One round. Reads the worker items and the vacant shards; scans the whole table only
         when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
-        workers = await self.liveness.read_members()
+        workers, listing = await both(self.liveness.read_members, self.store.vacancies)
         now = self.now()
         for runner in self.runners.values():
             successor = runner.handing_off_to
             if successor and not self.tracker.is_live_member(successor, now):
                 runner.successor_left()  # it will not answer: fall back now, not at the timeout
-        listing = await self.store.vacancies()
         vacant = listing.shards
         scan = self._scans.due(self._signature(workers, vacant, now), now)
         if scan:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 
 from supervisor.adapters.lease_store.base import LeaseStore, LeaseStoreError, StoreUnavailable
@@ -24,6 +25,7 @@ from supervisor.core import peer_watch, round_policy, watch_ring
 from supervisor.core.items import DeathMarker, WorkerItem
 from supervisor.core.lease import PeerTracker
 from supervisor.core.membership import MEMBERSHIP_REFRESH, RosterView
+from supervisor.drivers.together import both
 
 log = logging.getLogger("shardvisor.supervisor")
 
@@ -78,7 +80,6 @@ class Liveness:
         due before the next round (the confirmation the watch loop's reads cannot give) or
         that we do not judge yet; every item only when the view may be out of date. Declares
         the watched peers whose counter stood still for a lease (a death notice)."""
-        ids = await self.store.worker_ids()
         view = self.roster
         watched = set(watch_ring.watched_by(self.worker_id, view.on_ring())) if view else set()
         horizon = self.now() + self.lease.reconcile_interval + round_policy.DUE_SLACK
@@ -87,7 +88,12 @@ class Liveness:
             for peer in watched
             if peer not in self._judged or self.tracker.due_at(peer) <= horizon
         }
-        fresh = await self.store.read_worker_items({self.worker_id, *confirm} & set(ids))
+        ids, fresh = await both(  # the roster's ids and the consistent read, side by side
+            self.store.worker_ids,
+            lambda: self.store.read_worker_items({self.worker_id, *confirm}),
+        )
+        listed = set(ids)
+        fresh = attrs.evolve(fresh, workers=tuple(w for w in fresh.workers if w.id in listed))
         now = self.now()
         if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
             # Recorded for the generation read *before* it: every change is written first

@@ -21,6 +21,7 @@ from supervisor.core.round_policy import (
     handoff_answers,
     handoff_takes,
     next_round_in,
+    only_members_lost,
     promotion_kind,
     round_signature,
     take_source,
@@ -77,6 +78,39 @@ def test_a_changed_signature_means_a_scan():
     assert scans.due(poked, now=1.0)
     assert scans.due(joined, now=1.0)
     assert scans.due(vacated, now=1.0)
+
+
+def test_a_round_that_only_lost_members_plans_on_the_last_scan_and_scans_next():
+    """A death's takes do not wait for a Scan (they are conditional anyway); the round after
+    them reads the table as it now is."""
+    scans = ScanSchedule(full_scan_interval=60.0)
+    scans.scanned(0.0)
+    scans.saw(round_signature("me", LIVE, (), [worker("me")]))
+    died = round_signature("me", {("me", "live"), ("w2", "dead")}, (), [worker("me")])
+    assert not scans.due(died, now=1.0)
+    scans.saw(died)
+    assert scans.due(died, now=2.0)  # the deferred scan, though nothing changed since
+    scans.scanned(2.0)
+    assert not scans.due(died, now=3.0)
+    came_back = round_signature("me", LIVE, (), [worker("me")])
+    assert scans.due(came_back, now=4.0)  # a member gained is a scan first
+
+
+def test_a_loss_beside_any_other_change_still_scans_first():
+    before = round_signature("me", LIVE, (), [worker("me")])
+    died = frozenset({("me", "live"), ("w2", "dead")})
+    drained = frozenset({("me", "live"), ("w2", "alive")})  # alive, no longer a taker
+    assert only_members_lost(before, round_signature("me", died, (), [worker("me")]))
+    assert only_members_lost(before, round_signature("me", drained, (), [worker("me")]))
+    assert not only_members_lost(before, before)  # nothing changed at all
+    for other in (
+        round_signature("me", died, [VacantShard("s1", 2)], [worker("me")]),
+        round_signature("me", died, (), [worker("me", mailbox=1)]),
+        round_signature("me", died | {("w3", "live")}, (), [worker("me")]),
+    ):
+        assert not only_members_lost(before, other), other
+    after_death = round_signature("me", died, (), [worker("me")])
+    assert not only_members_lost(after_death, before)  # back to live: a member gained
 
 
 def test_our_own_changes_invalidate_until_the_next_scan():

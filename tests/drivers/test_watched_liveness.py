@@ -240,3 +240,47 @@ async def test_a_peer_the_watch_reads_saw_stand_still_is_confirmed_alive_and_wat
         assert clock.standing(trio.current_time()) is Standing.ALIVE
         assert w2_store.request_counts["watch_read"] - reads >= 4  # read on its rhythm again
         nursery.cancel_scope.cancel()
+
+
+class LogsRequests(MemoryLeaseStore):
+    """A worker's store handle that records the order of its requests."""
+
+    def __init__(self, shared: MemoryLeaseStore) -> None:
+        super().__init__()
+        self._table = shared._table
+        self.log: list[str] = []
+
+    async def _enter(self, op: str, *, needs_table: bool = True):
+        self.log.append(op)
+        return await super()._enter(op, needs_table=needs_table)
+
+
+async def test_a_death_is_taken_over_before_the_table_is_scanned(autojump_clock):
+    """The round that finds a peer dead plans on the last scan (its takes are conditional on
+    owner and epoch), so the takes do not wait for a Scan; the next round scans."""
+    h = Harness(shards=6)
+    stores = {w: LogsRequests(h.store) for w in ("w1", "w2", "w3")}
+    sups = {w: h.supervisor(w, store) for w, store in stores.items()}
+    doomed = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(doomed_run, sups["w3"], doomed)
+        for w in ("w1", "w2"):
+            await nursery.start(sups[w].run)
+        await trio.sleep(4 * DURATION)
+        assert await owners_of(h) == {"w1", "w2", "w3"}
+        stores["w3"].unavailable = True
+        doomed.cancel()
+        for store in stores.values():
+            store.log.clear()
+        with trio.fail_after(3 * DURATION):
+            while "w3" in await owners_of(h):
+                await trio.sleep(0.01)
+        await trio.sleep(2 * RECONCILE)
+        nursery.cancel_scope.cancel()
+    takers = [w for w in ("w1", "w2") if "take" in stores[w].log]
+    assert takers
+    for w in takers:
+        log = stores[w].log
+        first_take = log.index("take")
+        assert "snapshot" not in log[:first_take], (w, log[:first_take])
+        assert "snapshot" in log[first_take:], w  # the deferred scan came after
