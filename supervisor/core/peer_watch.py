@@ -3,7 +3,8 @@
 Protocol 2 (docs/lease-protocol.md): a worker reads only the K peers the watch ring gives it,
 eventually consistently, phase-locked to their heartbeats (polls until the first change, then
 one read a ``heartbeat_interval`` after each change, one poll earlier every ``PROBE_EVERY``-th
-time, and every ``poll`` while a read shows no change). A peer whose counter has not moved
+time, every ``poll / RETRY_SPLIT`` for a poll while a heartbeat just due has not shown, and
+every ``poll`` while a read shows no change). A peer whose counter has not moved
 for ``duration`` since our *first* observation of it is *due*: then, and only then, one strongly
 consistent read confirms it before anyone may write its death notice. So a stale replica can
 delay a death but never hasten it, and nothing is ever declared on an eventually consistent
@@ -22,6 +23,10 @@ import attrs
 
 _NEVER = float("inf")
 PROBE_EVERY = 4  # one heartbeat in this many is looked for a poll before it should land
+# A read that missed a heartbeat just due looks again after a poll / RETRY_SPLIT, for one poll:
+# a heartbeat a few ms late (its write's latency varied) is then seen within tens of ms, not a
+# whole poll later; the reads are those a late beat costs anyway, sooner.
+RETRY_SPLIT = 4
 GONE_STATES = frozenset({"stopped", "dead"})  # a clean exit, or a notice someone wrote already
 
 
@@ -59,6 +64,7 @@ class PeerClock:
     early: float = 0.0  # how far ahead of the expected landing the next read looks
     landed: float = _NEVER  # when, about, the counter we hold landed (our clock)
     polled: bool = False  # a read since the last change showed no change
+    missed_at: float = _NEVER  # the last such read's arrival
     next_read_at: float = float("-inf")  # read at once
 
     @property
@@ -77,26 +83,39 @@ class PeerClock:
             # within a poll of our read.
             self.seen, self.changed_at, self.beats = seen, at, 0
             self.landed, self.next_read_at = _NEVER, at + self.poll
+            self.polled, self.missed_at = False, _NEVER
             return
         if seen.counter > old.counter:
             self._changed(seen, at)
             return
+        step = self.poll
         if seen.counter == old.counter:
             self.seen = seen  # a state written without a heartbeat (orphaned, dead)
-            self.polled = True
-        self.next_read_at = min(at + self.poll, max(self.due_at(), at))
+            self.polled, self.missed_at = True, at
+            if 0.0 <= at - (self.landed + self.heartbeat_interval) < self.poll:
+                step = self.poll / RETRY_SPLIT  # a heartbeat just due: it is late, not gone
+        self.next_read_at = min(at + step, max(self.due_at(), at))
 
     def _changed(self, seen: Seen, at: float) -> None:
         """A new counter. It landed no later than ``at``: if a read since the last change
-        showed none, within a poll before; else about a heartbeat after the last one. The
-        next lands a heartbeat later: read then (a hair after: a look at the very instant
-        misses it as often as not, and costs a poll), so each change is seen within a poll of
-        landing. Every PROBE_EVERY-th time read a poll early and poll until it shows, so a
+        showed none, after that read (where its rhythm said, if that lies between, else about
+        midway: taking ``at`` itself kept a rhythm found by polling a poll late for good);
+        else about a heartbeat after the last one. The next lands a heartbeat later: read
+        then (a hair after: a look at the very instant misses it as often as not), and a
+        quarter poll later while it has not shown, so each change is seen within about that
+        of landing. Every PROBE_EVERY-th time read a poll early and poll until it shows, so a
         rhythm read late (a heartbeat came late, the next ones on time) is found out; while
         an early read still finds the change already there, the next looks twice as early.
         1 + 1/PROBE_EVERY reads a heartbeat, where always looking early would cost two."""
         heartbeat = self.heartbeat_interval
-        self.landed = at if self.polled else min(at, self.landed + heartbeat)
+        if self.polled:  # it landed after our last read that missed it, before this one
+            expected = self.landed + heartbeat
+            if self.missed_at < expected <= at:
+                self.landed = expected  # on its rhythm: a probe looked early, as it should
+            else:
+                self.landed = (self.missed_at + at) / 2  # off it: about midway between
+        else:
+            self.landed = min(at, self.landed + heartbeat)
         self.beats += 1
         if not self.polled and self.early > 0:
             early = min(2 * self.early, heartbeat / 2)  # still late
