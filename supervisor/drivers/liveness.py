@@ -183,10 +183,10 @@ class Liveness:
 
     async def _watch_loop(self) -> None:
         """Between rounds, read each watched peer eventually consistently about when its next
-        heartbeat should land, then every quarter heartbeat (at most 250 ms) until it does
-        (``peer_watch``): the lease's clock then starts within that of the heartbeat, not up
-        to a round later, and the round that falls due (``PeerTracker.next_due``) confirms
-        with its strongly consistent read. Half a read unit per read, K peers."""
+        heartbeat should land, then a little later while it has not (``peer_watch``): the
+        lease's clock then starts within tens of ms of the heartbeat, not up to a round
+        later, and the round that falls due (``PeerTracker.next_due``) confirms with its
+        strongly consistent read. Half a read unit per read, K peers."""
         heartbeat = self.lease.heartbeat_interval
         while True:
             now = self.now()
