@@ -230,6 +230,9 @@ def _watch_status(config: Config, read) -> int:
             print(f"{_CLEAR}{header}\n\n{table}", flush=True)
             await trio.sleep_until(started + WATCH_INTERVAL)
 
+    # Ctrl-C ends the watch even when SIGINT came ignored (a shell starts background jobs so,
+    # and Python then keeps it ignored): `kill -INT` from a script must end it too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         trio.run(loop)
     except KeyboardInterrupt:
