@@ -10,9 +10,15 @@ SLICE_S seconds over a steady window; then the fleet is stopped
 (SIGTERM, reaped, SIGKILL after the bounded grace) before the next size starts. Whatever
 protocol the daemon speaks is what is measured: the benchmark reads only the wire.
 
+After the window, before the stop, one host death: the process group of the worker last in id
+order is SIGKILLed, and each of its shards is timed from the victim's last heartbeat (its
+item's wall-clock stamp) to its new owner's take (``owner_since``), noting whether the taker
+watches the victim (``watch_ring.watchers_of``): in a fleet larger than three most takers do
+not, and learn the death from the watcher's death marker at their next hand-off poll.
+
 The per-slice rates give the standard error of read units per worker-minute: the work of a
 round is the same every round, so a window of ten rounds is enough from 6 workers on (2 to 8
-worker-minutes in 20 s; the whole row takes about 4.5 minutes on 2 cores, most of it the
+worker-minutes in 20 s; the whole row takes about 5.5 minutes on 2 cores, most of it the
 larger fleets settling); 3 workers get 60 s, so each worker's full scan (every 60 s) falls in
 the window once. The shorter windows of the larger fleets, whose workers all started together,
 can end before their first full scan: a scan of 72 items (24 workers) is about 5 read units a
@@ -26,8 +32,11 @@ and 1,000 workers (``benchmarks.lease_cost``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import os
+import signal
 import statistics
 import time
 from collections import Counter
@@ -39,10 +48,19 @@ import trio
 
 from benchmarks import harness
 from benchmarks.dynamodb_requests import proxy_counts, start_proxy
-from benchmarks.fleets import DEFAULT_LEASE, bench_fleet, feed_for, servers, stop, wait_settled
+from benchmarks.fleets import (
+    DEFAULT_LEASE,
+    bench_fleet,
+    feed_for,
+    servers,
+    snapshot,
+    stop,
+    wait_settled,
+)
 from benchmarks.lease_cost import lease_cost
 from benchmarks.report import sections
 from benchmarks.wire_billing import READ_OPS
+from supervisor.core.watch_ring import watchers_of
 from supervisor.devtools.fleet import Fleet
 from supervisor.devtools.servers import ServerProcess
 
@@ -104,9 +122,10 @@ def protocol_of(fleet: Fleet) -> int:
 
 
 async def measure_size(
-    workers: int, server: ServerProcess, proxy: ServerProcess, window: float
+    workers: int, server: ServerProcess, proxy: ServerProcess, window: float, *, kill: bool
 ) -> dict[str, Any]:
-    """One fleet of ``workers`` supervisors, counted over ``window`` seconds, then stopped."""
+    """One fleet of ``workers`` supervisors, counted over ``window`` seconds, then (``kill``)
+    one host death, then stopped."""
     shards = {
         f"g{workers}-{i:03d}": [f"g{workers}-stream-{i:03d}"]
         for i in range(workers * SHARDS_PER_WORKER)
@@ -114,6 +133,7 @@ async def measure_size(
     feed = await feed_for(shards, RATE)
     fleet = bench_fleet(f"growth-{workers}", server.url, feed.url, shards, endpoint=proxy.url)
     codes: dict[str, int | None] = {}
+    death: dict[str, Any] = {}
     try:
         await fleet.store.ensure_table(True)  # as an operator would (init-table)
         started = trio.current_time()
@@ -130,9 +150,11 @@ async def measure_size(
             await trio.sleep(min(SLICE_S, end - samples[-1][1]))
             samples.append((proxy_counts(proxy.url), time.monotonic()))
         protocol = await trio.to_thread.run_sync(protocol_of, fleet)
+        death = await host_death(fleet) if kill else {}
     finally:
         codes = await stop(fleet)
         feed.stop()
+    codes.pop(death.get("victim", ""), None)  # SIGKILLed on purpose: not a stop
     (c0, t0), (c1, t1) = samples[0], samples[-1]
     status = Counter(c1["status"]) - Counter(c0["status"])
     return {
@@ -155,6 +177,43 @@ async def measure_size(
             "unparsable": c1["unparsable"],
         },
         "exit_codes": codes,
+        "host_death": death or None,
+    }
+
+
+async def host_death(fleet: Fleet) -> dict[str, Any]:
+    """SIGKILL the process group of the last worker in id order (a dead host); each of its
+    shards from the victim's last heartbeat to its new owner's take, and who took it."""
+    before = await snapshot(fleet)
+    live = sorted(fleet.live())
+    victim = live[-1]
+    orphans = {s.id: s.epoch for s in before.shards if s.owner == victim}
+    watchers = watchers_of(victim, live)
+    os.killpg(fleet.procs[victim].pid, signal.SIGKILL)
+    await fleet.procs[victim].wait()
+    new: dict[str, Any] = {}
+    with trio.fail_after(3 * DEFAULT_LEASE.duration + 15):
+        while len(new) < len(orphans):
+            for item in (await snapshot(fleet)).shards:
+                moved = item.id in orphans and item.epoch > orphans[item.id]
+                if moved and item.owner not in ("", victim):
+                    new[item.id] = item
+            await trio.sleep(0.1)
+    after = await snapshot(fleet)
+    last = next(w.heartbeat_at for w in after.workers if w.id == victim)
+    return {
+        "victim": victim,
+        "watchers": list(watchers),
+        "lease_s": DEFAULT_LEASE.duration,
+        "takes": [
+            {
+                "shard": sid,
+                "by": item.owner,
+                "watcher": item.owner in watchers,
+                "after_last_heartbeat_s": item.owner_since - last,
+            }
+            for sid, item in sorted(new.items())
+        ],
     }
 
 
@@ -173,13 +232,16 @@ def growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def measure(
-    server: ServerProcess, sizes: Sequence[int], window: float
+    server: ServerProcess, sizes: Sequence[int], window: float, *, quick: bool = False
 ) -> list[dict[str, Any]]:
+    """Each size in turn; a host death after each window (a quick run: the largest only)."""
     proxy = await trio.to_thread.run_sync(start_proxy, server.url)
     try:
         found = []
         for n in sizes:
-            found.append(await measure_size(n, server, proxy, window or WINDOWS.get(n, 20.0)))
+            kill = not quick or n == max(sizes)
+            window_n = window or WINDOWS.get(n, 20.0)
+            found.append(await measure_size(n, server, proxy, window_n, kill=kill))
             rru = found[-1]["per_worker_minute"]["rru"]
             print(f"  {n} workers: {rru:.0f} RRU/worker-min", flush=True)
         return found
@@ -201,7 +263,7 @@ def main() -> None:
             server=args.server, shards_per_worker=SHARDS_PER_WORKER, feed_rate=RATE, slice_s=SLICE_S
         )
         with servers(args.server, 1) as (server,):
-            found = trio.run(measure, server, sizes, window)
+            found = trio.run(functools.partial(measure, server, sizes, window, quick=args.quick))
         results["sizes"] = found
         results["growth"] = growth(found)
         results["cost_model"] = [lease_cost(w).as_json() for w in MODEL_WORKERS]

@@ -54,3 +54,22 @@ def test_growth_compares_the_largest_fleet_with_the_smallest() -> None:
     flat = [{"workers": 3, "per_worker_minute": {"rru": 165.0}}]
     flat.append({"workers": 24, "per_worker_minute": {"rru": 180.0}})
     assert growth(flat)["met"]
+
+
+def test_the_host_death_table_tells_watchers_takes_from_the_others() -> None:
+    from benchmarks.report.growth_rows import _deaths
+
+    death = {
+        "victim": "w23",
+        "watchers": ["w07", "w12"],
+        "lease_s": 10.0,
+        "takes": [
+            {"shard": "a", "by": "w00", "watcher": False, "after_last_heartbeat_s": 10.41},
+            {"shard": "b", "by": "w07", "watcher": True, "after_last_heartbeat_s": 10.12},
+        ],
+    }
+    text = _deaths([{"workers": 24, "host_death": death}])
+    row = next(line for line in text.splitlines() if line.startswith("| 24"))
+    assert "w23 (watched by w07, w12)" in row
+    assert row.index("10.12 s (w07)") < row.index("10.41 s (w00)")  # watcher's column first
+    assert "Lease 10 s" in text

@@ -83,6 +83,9 @@ def growth(load: Load) -> Rendered:
             else "No request failed in any window."
         )
     )
+    deaths = [r for r in sorted(sizes, key=lambda x: x["workers"]) if r.get("host_death")]
+    if deaths:
+        add(_deaths(deaths))
     g = data.get("growth") or {}
     summary: list[SummaryRow] = []
     if g:
@@ -127,6 +130,42 @@ def growth(load: Load) -> Rendered:
             )
         )
     return "\n".join(out), summary
+
+
+def _deaths(sizes: list[dict[str, Any]]) -> str:
+    """The host death after each window: watchers' takes and the other workers' takes."""
+
+    def takes(death: dict[str, Any], by_watcher: bool) -> str:
+        found = [t for t in death["takes"] if t["watcher"] == by_watcher]
+        if not found:
+            return "—"
+        return ", ".join(
+            f"{t['after_last_heartbeat_s']:.2f} s ({t['by']})"
+            for t in sorted(found, key=lambda t: t["after_last_heartbeat_s"])
+        )
+
+    rows = [
+        (
+            r["workers"],
+            f"{r['host_death']['victim']} (watched by {', '.join(r['host_death']['watchers'])})",
+            takes(r["host_death"], True),
+            takes(r["host_death"], False),
+        )
+        for r in sizes
+    ]
+    lease = sizes[0]["host_death"]["lease_s"]
+    return (
+        "\nA host death in each fleet, after its window: the process group of the last worker "
+        "in id order SIGKILLed; each of its shards from the victim's last heartbeat (its "
+        "item's wall-clock stamp) to the new owner's take (`owner_since`), by the two workers "
+        "that watch it and by the others, which learn the death from the watcher's death "
+        f"marker at their next hand-off poll (250 ms). Lease {lease:g} s.\n\n"
+        + table(
+            ("workers", "victim", "taken by a watcher", "taken by another worker"),
+            rows,
+            RIGHT + LEFT * 3,
+        )
+    )
 
 
 def _model(model: list[dict[str, Any]]) -> str:
