@@ -163,11 +163,14 @@ class Step:
         if self.kind in (KILL_SUPERVISOR, KILL_SUPERVISOR_STOPPED_CHILD):
             # Peers take its shards within TAKEOVER_BOUND (the documented crash bound, asserted
             # as it is when the restart comes later). A restart before that can revive the
-            # worker id before peers act: then the new incarnation takes its shards back at its
-            # first round, after its start-up.
+            # worker id before peers act: then the new incarnation takes its shards back after
+            # its start-up, once registered for a full duration, at its next round (the rule
+            # for an earlier incarnation's shards, whose child may still write up to its fence:
+            # docs/lease-protocol.md, *Reconcile*, take). This bound once left the duration
+            # out and held only while the restart took under a second.
             owned = TAKEOVER_BOUND
             if self.hold < TAKEOVER_BOUND:
-                owned = max(owned, self.hold + SUPERVISOR_START)
+                owned = max(owned, self.hold + SUPERVISOR_START + DURATION + RECONCILE)
             return owned, owned + CHILD_START
         if self.kind == STOP_SUPERVISOR:
             # Its shards are "owned" by a stopped process until peers take them (TAKEOVER_BOUND)
