@@ -28,7 +28,7 @@ TRIM = 1.0  # seconds: the age trim runs with each standby heartbeat
 SAMPLES = 3  # windows tried until one sees the same children at its start and its end
 # A quick run samples without waiting for the buffers to fill, so standbys may still be placed
 # and started during its first windows (on a loaded machine, during the whole suite, for
-# several): it tries more of its short windows.
+# several): it tries more of its short windows, until one has a standby in it.
 QUICK_SAMPLES = 10
 
 
@@ -45,11 +45,15 @@ async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]
         await trio.sleep(window)
         cpu = {pid: (cpu_seconds(pid) - before[pid]) / window * 100 for pid in roles}
         pss = {pid: pss_kib(pid) / 1024 for pid in roles}
-        if await _roles(fleet) == roles:
+        if await _roles(fleet) == roles and "standby" in roles.values():
             break
-        # A child came or went (a rebalance, a standby placed anew): sample again.
+        # A child came or went (a rebalance, a standby placed anew), or no standby has been
+        # placed yet (a quick run does not wait for them: a window of owners only would
+        # leave the row unmeasured): sample again.
     else:
-        raise RuntimeError("the fleet's children changed in each of its samples")
+        raise RuntimeError(
+            "no sample saw the same children, a standby among them, at its start and its end"
+        )
     held = await buffered(fleet)
 
     def of(role: str, values: dict[int, float]) -> dict[str, float]:
