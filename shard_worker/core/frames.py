@@ -33,10 +33,19 @@ from shard_worker.core.sequence import MalformedMessage, SequencePath, SequenceT
 Entry: TypeAlias = tuple[int | None, Any, str, str | None]
 """A record to write: ``(seq, data, encoding, text)`` (see the module docstring)."""
 
-_loads = json.loads
-# The C scanner alone: json.loads adds two regex passes for the whitespace around the value.
+
+def _not_json(constant: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity; RFC 8259 has no such values, and a
+    record holding one would be a line that strict readers (jq, JSON.parse) reject. Called
+    only for those three words, so the hot path pays nothing."""
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+_decoder = json.JSONDecoder(parse_constant=_not_json)
+_loads = _decoder.decode
+# The C scanner alone: decode adds two regex passes for the whitespace around the value.
 # A JSONDecoder holds no state between calls, so one scanner serves every decoder.
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 
 NOT_UTF8 = "binary frame is not UTF-8"
 NOT_JSON = "not JSON"

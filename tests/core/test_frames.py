@@ -112,6 +112,9 @@ def test_a_dotted_path() -> None:
         ('{"seq":"1"}', DeadLetter("sequence '1' is not an integer", {"seq": "1"})),
         ('{"seq":true}', DeadLetter("sequence True is not an integer", {"seq": True})),
         ('{"seq":1.0}', DeadLetter("sequence 1.0 is not an integer", {"seq": 1.0})),
+        # Python's json reads these words; JSON has no such values (RFC 8259).
+        ('{"seq":1,"p":NaN}', DeadLetter(NOT_JSON, '{"seq":1,"p":NaN}')),
+        ('{"seq":1,"p":-Infinity}', DeadLetter(NOT_JSON, '{"seq":1,"p":-Infinity}')),
     ],
 )
 def test_what_cannot_be_a_record_is_a_dead_letter(message: str | bytes, letter: DeadLetter) -> None:
@@ -120,6 +123,13 @@ def test_what_cannot_be_a_record_is_a_dead_letter(message: str | bytes, letter: 
     assert frames.accept_general(message) == letter
     assert frames.tracker.last == 0  # nothing admitted
     assert frames.accept('{"seq":1}') == (1, {"seq": 1}, "", '{"seq":1}')
+
+
+@pytest.mark.parametrize("message", ["NaN", "Infinity", '{"p": -Infinity}', b"[NaN]"])
+def test_an_unsequenced_message_with_nan_is_kept_as_its_text(message: str | bytes) -> None:
+    """Its record stays a JSON line that strict readers accept: the text as a string."""
+    text = message.decode() if isinstance(message, bytes) else message
+    assert FrameDecoder("").accept(message) == (None, text, "", None)
 
 
 # --- The fast path and the general path agree --------------------------------------------------
