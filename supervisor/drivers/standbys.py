@@ -24,6 +24,7 @@ from supervisor.core.runner_state import RunnerState
 from supervisor.core.standby import (
     FreeWatch,
     Placement,
+    Rankings,
     StandbyPriority,
     UnplacedReports,
     covers,
@@ -52,6 +53,7 @@ class StandbyKeeper:
     placement: Placement = attrs.field(factory=Placement)  # as of the last round
     _free: FreeWatch = attrs.field(factory=FreeWatch)
     _unplaced: UnplacedReports = attrs.field(factory=UnplacedReports)
+    _ranks: Rankings = attrs.field(factory=Rankings)  # each shard's workers, kept across rounds
     # shard -> the first_seq of the ready standby found covering its owner's checkpoint
     _covering: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
@@ -79,6 +81,7 @@ class StandbyKeeper:
             wanted={sid: s.standby_count(cfg.standby.count) for sid, s in runnable.items()},
             live=live,
             caps={**caps, me: cfg.worker.max_standbys},
+            ranks=self._ranks,
         )
         for shard_id, missing in self._unplaced.new(self.placement.unplaced).items():
             log.warning(

@@ -7,12 +7,16 @@ s1: w2 w1 w4 w3 | s2: w1 w2 w3 w4 | s3: w4 w1 w2 w3 | s4: w1 w4 w3 w2
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from supervisor.core.items import ShardItem, WorkerItem
 from supervisor.core.lease import PeerTracker
 from supervisor.core.planner import plan_round, rendezvous_rank
 from supervisor.core.standby import (
     FreeWatch,
     Placement,
+    Rankings,
     StandbyPriority,
     UnplacedReports,
     covers,
@@ -235,3 +239,53 @@ def test_a_standby_covers_once_the_checkpoint_reaches_the_record_before_its_firs
     assert not covers({"a": 8}, {"a": 10})
     assert not covers({}, {"a": 10})
     assert covers({"a": 0}, {})  # no record held yet on any stream: nothing to bridge
+
+
+# --- Rankings kept across rounds: the same placement, without ranking every worker each round --
+
+pool = st.sampled_from([f"w{i}" for i in range(12)])
+rounds = st.lists(
+    st.tuples(
+        st.sets(pool, max_size=9),  # the live workers of the round
+        st.dictionaries(st.sampled_from(["s1", "s2", "s3", "s4", "s5"]), pool | st.just("")),
+        st.dictionaries(pool, st.integers(0, 2), max_size=4),  # caps
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(rounds, st.integers(1, 3), st.integers(1, 3))
+def test_kept_rankings_place_exactly_as_ranking_afresh(rounds, depth, k):
+    """Workers join, leave and come back, caps skip workers: the kept rankings (shallow here,
+    so they are deepened and rebuilt) place every round as ranking every worker would."""
+    ranks = Rankings(depth=depth)
+    for live, owners, caps in rounds:
+        shards = [ShardItem(sid, owner, 1) for sid, owner in owners.items()]
+        wanted = dict.fromkeys(owners, k)
+        kept = place_standbys(shards=shards, wanted=wanted, live=live, caps=caps, ranks=ranks)
+        assert kept == place_standbys(shards=shards, wanted=wanted, live=live, caps=caps)
+
+
+def test_kept_rankings_rank_only_the_workers_that_are_new():
+    ranks = Rankings(depth=2)
+    live = {f"w{i}" for i in range(50)}
+    ranks.see(live)
+    assert len(list(ranks.walk("s1", live))) == 50  # deepened to the end: every worker
+    first = list(ranks.walk("s2", live))[:2]
+    ranks.see(live | {"joiner"})
+    assert list(ranks.walk("s2", live | {"joiner"}))[:2] == ranked_among(live | {"joiner"}, "s2")
+    assert list(ranks.walk("s2", live))[:2] == first  # the joiner is skipped where not live
+    assert ranks._prefixes["s2"].seen == 51
+
+
+def test_kept_rankings_start_afresh_once_departed_workers_outnumber_the_live():
+    ranks = Rankings(depth=1)
+    ranks.see({f"old{i}" for i in range(10)})
+    ranks.see({"new"})
+    assert ranks._known == {"new"}
+    assert list(ranks.walk("s1", {"new"})) == ["new"]
+
+
+def ranked_among(workers, shard):
+    return sorted(workers, key=lambda w: rendezvous_rank(w, shard), reverse=True)[:2]
