@@ -10,6 +10,10 @@ that appeared since. Pure code, one process, 100 shards per worker, ``count`` 1;
 is the median of a few rounds: ranked afresh (every round before, and the first round of a
 supervisor now), a steady round, and a round after a worker joined or left.
 
+Beside it, protocol 2's candidates (``core.standby_ring``), which look at no shard a worker
+does not stand by for: building the ring of a view (sorting the shards' and members' points)
+and one worker's candidacies from its arcs, up to 1,000 workers and 100,000 shards.
+
 Not part of scripts/bench.sh (deterministic, not machine-shared): figures in
 docs/benchmarks.md, *Standby placement per round*.
 """
@@ -24,10 +28,12 @@ from collections.abc import Callable
 
 from supervisor.core.items import ShardItem
 from supervisor.core.standby import Rankings, place_standbys
+from supervisor.core.standby_ring import Ring
 
 SHARDS_PER_WORKER = 100
 FLEETS = (20, 50, 100, 200, 500)
 QUICK_FLEETS = (20, 50)
+RING_FLEETS = (20, 100, 1000)
 REPEAT = 3
 
 
@@ -69,6 +75,17 @@ def _once(run: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
+def measure_ring(workers: int) -> dict[str, float]:
+    """Seconds to build the ring of ``workers`` workers and find one worker's candidacies."""
+    live = [f"w{i:04d}" for i in range(workers)]
+    shards = [f"s{i:06d}" for i in range(workers * SHARDS_PER_WORKER)]
+    began = time.perf_counter()
+    ring = Ring.build(live, shards, 1)
+    built = time.perf_counter() - began
+    mine = _seconds(lambda: ring.candidate_for(live[0]))
+    return {"build": built, "mine": mine, "count": len(ring.candidate_for(live[0]))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the two smallest fleets only")
@@ -83,6 +100,15 @@ def main() -> None:
         print(
             f"| {workers} / {workers * SHARDS_PER_WORKER:,} | {ms['afresh']} | {ms['steady']} "
             f"| {ms['join']} | {ms['leave']} |",
+            flush=True,
+        )
+    print("\n| workers / shards | ring built | one worker's candidacies (found) |")
+    print("|---|---:|---:|")
+    for workers in QUICK_FLEETS if args.quick else RING_FLEETS:
+        r = measure_ring(workers)
+        print(
+            f"| {workers} / {workers * SHARDS_PER_WORKER:,} | {1000 * r['build']:,.1f} ms "
+            f"| {1000 * r['mine']:,.2f} ms ({r['count']:,.0f}) |",
             flush=True,
         )
 

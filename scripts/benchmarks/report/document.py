@@ -56,6 +56,18 @@ workers per shard and ranks only the workers that appeared since. 2026-12-05, th
 A kept round is still O(shards): protocol 2, where a worker reads only what concerns it, has
 to place standbys without looking at every shard (docs/lease-protocol.md).
 
+Protocol 2's candidates (`core.standby_ring`, same command; designed in
+docs/lease-protocol.md, *Standbys*, not yet used by the daemon) look at no shard a worker does
+not stand by for: the ring of a view is sorted once (shard points when the shard list changes,
+members' virtual points when the membership does), then a worker's candidacies come from its
+arcs by binary search. `count` 1 (two candidates a shard):
+
+| workers / shards | ring built | one worker's candidacies (found) |
+|---|---:|---:|
+| 20 / 2,000 | 14.2 ms | 0.03 ms (210) |
+| 100 / 10,000 | 41.8 ms | 0.08 ms (209) |
+| 1,000 / 100,000 | 488 ms | 0.46 ms (201) |
+
 **Spawn latency and death detection**: `PYTHONPATH=scripts .venv/bin/python -m benchmarks.spawn`
 (spawn → hello, idle PSS, SIGKILL → pidfd readable / `wait()` returned, warm and fresh). Almost
 all of the few milliseconds of death detection is the kernel tearing down a Python + trio

@@ -1,0 +1,71 @@
+"""Protocol 2's standby candidates on plain data: a worker finds the shards it may stand by
+for from its arcs of the ring alone, exactly the shards whose candidates name it."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.core.standby_ring import Ring, standbys, stands_by, wants_extra
+
+members = st.sets(st.sampled_from([f"w{i}" for i in range(30)]), min_size=1, max_size=12)
+shard_ids = [f"s{i}" for i in range(200)]
+
+
+@given(members, st.integers(1, 3), st.integers(1, 4))
+def test_a_worker_is_candidate_for_exactly_the_shards_its_arcs_hold(live, k, vnodes):
+    ring = Ring.build(live, shard_ids, k, vnodes)
+    for me in sorted(live):
+        named = {s for s in shard_ids if me in ring.candidates(s)}
+        assert ring.candidate_for(me) == named
+    assert ring.candidate_for("not-a-member") == frozenset()
+
+
+@given(members, st.integers(1, 3))
+def test_every_shard_has_k_plus_one_distinct_candidates_while_there_are_enough(live, k):
+    ring = Ring.build(live, shard_ids, k)
+    for shard in shard_ids[:50]:
+        found = ring.candidates(shard)
+        assert len(set(found)) == len(found) == min(k + 1, len(live))
+
+
+def test_a_join_moves_few_candidacies():
+    """Consistent hashing: the joiner takes part of its neighbours' arcs, the rest stays."""
+    live = [f"w{i}" for i in range(20)]
+    before = Ring.build(live, shard_ids, 1)
+    after = Ring.build([*live, "joiner"], shard_ids, 1)
+    moved = sum(before.candidates(s) != after.candidates(s) for s in shard_ids)
+    assert 0 < moved <= len(shard_ids) * 0.25  # about (k + 1) / W of them: 10 %
+    changed = {s for s in shard_ids if before.candidates(s) != after.candidates(s)}
+    assert after.candidate_for("joiner") == changed  # it moved only what it now stands by
+
+
+def test_the_holder_is_left_out_and_names_the_extra_standby_when_among_the_first_k():
+    cands = ("a", "b", "c")
+    assert standbys(cands, "x", 2) == ("a", "b")  # the holder is not a candidate
+    assert standbys(cands, "a", 2) == ("b", "c")
+    assert wants_extra(cands, "a", 2) == "c"
+    assert wants_extra(cands, "c", 2) == ""  # the (k+1)-th holds it: the first k stand by
+    assert wants_extra(cands, "x", 2) == ""
+    assert wants_extra(("a",), "a", 1) == ""  # no one left to name
+
+
+@given(st.sampled_from(["a", "b", "c", "x"]), st.integers(1, 2))
+def test_each_candidate_decides_alone_what_the_shard_needs(holder, k):
+    """From its own holdings and the holder's marker, every candidate reaches the standbys
+    that the full view gives."""
+    cands = ("a", "b", "c")[: k + 1]
+    marked = {"s1"} if wants_extra(cands, holder, k) else set()
+    chosen = {
+        me
+        for me in cands
+        if stands_by(
+            me,
+            cands,
+            holds=me == holder,
+            marked=marked if me == wants_extra(cands, holder, k) else set(),
+            shard="s1",
+            k=k,
+        )
+    }
+    assert chosen == set(standbys(cands, holder, k))
