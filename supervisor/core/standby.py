@@ -129,6 +129,11 @@ class Rankings:
         self._workers += new
         self._known.update(new)
 
+    def prepare(self, shard: str) -> None:
+        """Ranks the shard now (or brings it up to date), so that the next walk need not:
+        the driver spreads a first round's ranking over many small steps this way."""
+        self._current(shard)
+
     def walk(self, shard: str, live: Collection[str]) -> Iterator[str]:
         """The ``live`` workers (all seen already) in the shard's rendezvous order, best first."""
         prefix = self._current(shard)

@@ -415,7 +415,7 @@ class Supervisor:
         if self.operator_drain != draining:
             await self._advertise_state(MEMBERS_READ_TIMEOUT)
         accepting = self._accepting(now)
-        priority = self.keeper.place(
+        priority = await self.keeper.place(
             snapshot, tracker=self.tracker, runnable=self._runnable, accepting=accepting, now=now
         )
         active = {sid: r for sid, r in self.runners.items() if r.state.holds_lease}

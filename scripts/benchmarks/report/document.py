@@ -38,12 +38,13 @@ turn comes.
 The KCL steals one lease per 20 s scan: rebalancing 48 shards onto a new worker takes it about
 16 minutes.
 
-**Standby placement per round** (pure, one process; 100 shards per worker, `[standby] count`
-1): `PYTHONPATH=scripts .venv/bin/python -m benchmarks.placement`. Every supervisor places
-every shard's standbys every round, on its event loop. Ranked afresh, as every round did
-before the rankings were kept (and a supervisor's first round still does), that is O(shards x
-workers) hashes; kept from round to round (`core.standby.Rankings`), a round walks a few
-workers per shard and ranks only the workers that appeared since. 2026-12-05, this machine:
+**Standby placement per round** (pure, one process; 100 shards per worker, `[standby] count` 1):
+`PYTHONPATH=scripts .venv/bin/python -m benchmarks.placement`. Every supervisor places every
+shard's standbys every round, on its event loop. Ranked afresh, as every round did before the
+rankings were kept (a supervisor's first round still does, in steps of 256 shards between which
+its event loop runs), that is O(shards x workers) hashes; kept from round to round
+(`core.standby.Rankings`), a round walks a few workers per shard and ranks only the workers that
+appeared since. 2026-12-05, this machine:
 
 | workers / shards | ranked afresh | kept: steady round | after a join | after a leave |
 |---|---:|---:|---:|---:|
