@@ -5,7 +5,11 @@ Each simulated supervisor does what docs/lease-protocol.md (*Protocol 2*) says, 
 item and re-read the members when the generation moved; read the peers the watch ring gives it
 when ``WatchBook`` says, confirm and write the death notice when one falls due, route the dead
 worker's shards; poll the shards addressed to it; plan with ``plan_round`` on only what concerns
-it, take from its vacant buckets while short, shed by name through ``deal_excess``. Time moves one
+it, take from its vacant buckets while short, shed by name through ``deal_excess``. With
+``standbys`` (``[standby] count``), protocol 2's standby placement: candidates from the ring
+(``core.standby_ring``), a dead owner's shard routed to its first standby, and each holder's
+standby-wanted marker written when it names someone, read by the named worker every lease and
+after a membership change. Time moves one
 round (``R``) at a time; within a round the watch reads keep their own times. The hand-off poll
 runs every ``POLL``: one real query per round and the rest billed as the empty queries they are
 (nothing is addressed between two rounds here).
@@ -25,11 +29,13 @@ from supervisor.core.membership import MembershipView, deal_excess, view_tracker
 from supervisor.core.partition_keys import VACANT_BUCKETS, start_spot, vacant_buckets
 from supervisor.core.peer_watch import WatchBook
 from supervisor.core.planner import fair_targets, plan_round, rendezvous_rank
+from supervisor.core.standby_ring import Ring, standbys, wants_extra
 from supervisor.core.watch_ring import watched_by
 
 D, H, R, POLL = 10.0, 2.0, 2.0, 0.25  # lease duration, heartbeat, round, hand-off poll
 SHORT_SCAN = D  # how often a short worker whose buckets are empty may read every bucket
 MAX_TAKES = 50  # per worker per round: its own# key at 2.5 %, a vacant bucket at 10 %
+MARKER_BYTES = 120  # a standby-wanted marker item, and its entry in the successor index
 
 
 @attrs.define
@@ -46,6 +52,8 @@ class Worker:
     held_since: dict[str, float] = attrs.field(factory=dict)
     seen_generation: int = -1
     scanned_at: float = float("-inf")  # when it last read every vacant bucket
+    markers_read_at: float = float("-inf")  # when it last read the markers naming it
+    markers_generation: int = -2  # the view's generation at that read
 
 
 @attrs.define
@@ -59,6 +67,11 @@ class Simulation:
     deaths: dict[str, float] = attrs.field(factory=dict)  # victim -> when it died
     failovers: list[float] = attrs.field(factory=list)  # death -> take, per shard
     moves: int = 0
+    standbys: int = 0  # [standby] count (0: no standby placement simulated)
+    markers: dict[str, str] = attrs.field(factory=dict)  # shard -> whom its holder names
+    marker_peak: int = 0  # the most markers one worker's read found
+    _ring: tuple[tuple[int, float], Ring] | None = None
+    _candidates: dict[str, tuple[str, ...]] = attrs.field(factory=dict)  # for _ring
     _trackers: dict[tuple[int, float], PeerTracker] = attrs.field(factory=dict)
     _target_cache: dict[tuple[int, float, str], dict[str, int]] = attrs.field(factory=dict)
 
@@ -108,6 +121,10 @@ class Simulation:
             await self._watch(worker)
         for worker in live:
             await self._poll_and_plan(worker)
+        if self.standbys:
+            for worker in live:
+                if worker.alive:
+                    await self._standby_markers(worker)
         reads, writes = self.meter.window()
         for key, units in reads.items():
             self.hottest = max(self.hottest, (units / R / PARTITION_RCU, key))
@@ -157,6 +174,9 @@ class Simulation:
         addressed = await worker.fleet.addressed_to(dead)  # handed to it, not yet taken
         for item in (*await worker.fleet.owned_by(dead), *addressed):
             to = max(live, key=lambda m, s=item.id: rendezvous_rank(m, s))
+            if self.standbys:  # the standby-first rule: its first standby, if live
+                first = standbys(self._candidates_of(worker.view, item.id), dead, self.standbys)
+                to = first[0] if first and first[0] in live else to
             await worker.fleet.route(item.id, item.owner, item.epoch, to, dead=dead)
 
     async def _poll_and_plan(self, worker: Worker) -> None:
@@ -226,6 +246,52 @@ class Simulation:
             if await worker.fleet.release(shard, worker.id, worker.held[shard], successor):
                 del worker.held[shard]
                 worker.held_since.pop(shard, None)
+                self._set_marker(shard, "")  # it lets the shard go: its marker goes too
+
+    # --- standbys on protocol 2 ---------------------------------------------------------------
+
+    async def _standby_markers(self, worker: Worker) -> None:
+        """The holder's part: a marker naming the (k+1)-th candidate of each shard it holds
+        while it is among the first k. The named worker's part: its markers read every lease
+        and after a membership change."""
+        view = worker.view
+        assert view is not None
+        for shard in worker.held:
+            cands = self._candidates_of(view, shard)
+            self._set_marker(shard, wants_extra(cands, worker.id, self.standbys))
+        moved = worker.seen_generation != worker.markers_generation
+        if moved or self.now - worker.markers_read_at >= D:
+            worker.markers_read_at, worker.markers_generation = self.now, worker.seen_generation
+            mine = sum(1 for named in self.markers.values() if named == worker.id)
+            self.marker_peak = max(self.marker_peak, mine)
+            key = f"successor:want#{worker.id}"
+            self.meter.query("standby_markers", key, [MARKER_BYTES] * mine)
+
+    def _set_marker(self, shard: str, named: str) -> None:
+        """Writes (or deletes, ``named`` "") the shard's marker when it changes, billed."""
+        old = self.markers.get(shard, "")
+        if old == named or not self.standbys:
+            return
+        self.meter.write("standby_marker", f"want#{shard}", MARKER_BYTES, MARKER_BYTES)
+        self.meter.index_write(
+            f"successor:want#{old}" if old else None, f"successor:want#{named}" if named else None
+        )
+        if named:
+            self.markers[shard] = named
+        else:
+            del self.markers[shard]
+
+    def _candidates_of(self, view: MembershipView | None, shard: str) -> tuple[str, ...]:
+        """The shard's candidates in ``view`` (one ring per view, shared: every worker would
+        build the same)."""
+        assert view is not None
+        key = (view.generation, view.read_at)
+        if self._ring is None or self._ring[0] != key:
+            self._ring = (key, Ring.build(view.live(), self.shard_ids, self.standbys))
+            self._candidates = {}
+        if shard not in self._candidates:
+            self._candidates[shard] = self._ring[1].candidates(shard)
+        return self._candidates[shard]
 
     def _targets(self, view: MembershipView, me: str) -> dict[str, int]:
         """Every worker computes the same targets from one view: computed once per view here."""
