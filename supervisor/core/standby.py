@@ -72,6 +72,7 @@ def place_standbys(
     ranks = Rankings() if ranks is None else ranks
     live = set(live)
     ranks.see(live)
+    ranks.keep_only({sid for sid, k in wanted.items() if k > 0})
     used: Counter[str] = Counter()
     by_shard: dict[str, tuple[str, ...]] = {}
     unplaced: dict[str, int] = {}
@@ -108,13 +109,14 @@ class _Prefix:
 @attrs.define
 class Rankings:
     """Each shard's workers in rendezvous order, kept across rounds. Ranking every live worker
-    for every shard each round is O(shards x workers) hashes: 0.6 s of CPU a round at 100
+    for every shard each round is O(shards x workers) hashes: 0.8 s of CPU a round at 100
     workers and 10,000 shards, with the event loop blocked meanwhile, and more as the fleet
     grows. Kept here: the best ``depth`` workers of each shard among every worker seen,
     brought up to date by ranking only the workers that appeared since; a round walks them,
     skipping workers not live, and ranks the shard again, deeper, only when they run out.
     Workers that left stay ranked until they outnumber the live ones, then all is ranked
-    afresh (bounded memory: a fleet whose ids change at every deploy does not grow it)."""
+    afresh, and shards no longer wanted are forgotten (bounded memory: a fleet whose worker
+    ids change at every deploy, or whose shards come and go, does not grow it)."""
 
     depth: int = 4
     _workers: list[str] = attrs.field(factory=list)
@@ -128,6 +130,11 @@ class Rankings:
         new = sorted(set(live) - self._known)
         self._workers += new
         self._known.update(new)
+
+    def keep_only(self, shards: Collection[str]) -> None:
+        """Forgets the rankings of shards not in ``shards`` (removed, or no standby wanted)."""
+        if len(self._prefixes) > len(shards):
+            self._prefixes = {s: p for s, p in self._prefixes.items() if s in shards}
 
     def prepare(self, shard: str) -> None:
         """Ranks the shard now (or brings it up to date), so that the next walk need not:

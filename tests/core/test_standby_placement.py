@@ -289,3 +289,12 @@ def test_kept_rankings_start_afresh_once_departed_workers_outnumber_the_live():
 
 def ranked_among(workers, shard):
     return sorted(workers, key=lambda w: rendezvous_rank(w, shard), reverse=True)[:2]
+
+
+def test_kept_rankings_forget_shards_no_longer_wanted():
+    ranks = Rankings()
+    shards = [ShardItem("s1", "w1", 1), ShardItem("s2", "w1", 1)]
+    place_standbys(shards=shards, wanted={"s1": 1, "s2": 1}, live=W, ranks=ranks)
+    assert set(ranks._prefixes) == {"s1", "s2"}
+    place_standbys(shards=shards[:1], wanted={"s1": 1}, live=W, ranks=ranks)  # s2 removed
+    assert set(ranks._prefixes) == {"s1"}
