@@ -74,9 +74,11 @@ async def test_old_history_is_dropped(nursery: trio.Nursery) -> None:
     server.stream("s")
     await wait_until(lambda: server.last_seq("s") >= 500)
     messages = await receive(f"ws://127.0.0.1:{port}/feed/s?after=3", 5)
-    first = messages[0]["seq"]
-    assert first > 300  # the oldest kept, not 4
-    assert [m["seq"] for m in messages] == list(range(first, first + 5))
+    seqs = [m["seq"] for m in messages]
+    assert seqs[0] > 300  # the oldest kept, not 4
+    # Rising, not necessarily contiguous: the kept history spans 20 ms here, and a client
+    # that falls behind it skips ahead (as documented), which a loaded machine makes happen.
+    assert seqs == sorted(set(seqs))
 
 
 async def handshake_status(url: str, path: str) -> int:
