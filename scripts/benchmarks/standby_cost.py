@@ -41,10 +41,13 @@ async def standby_cost(fleet: Fleet, rate: float, quick: bool) -> dict[str, Any]
     window = QUICK_WINDOW if quick else WINDOW
     for _ in range(QUICK_SAMPLES if quick else SAMPLES):
         roles = await _roles(fleet)
-        before = {pid: cpu_seconds(pid) for pid in roles}
-        await trio.sleep(window)
-        cpu = {pid: (cpu_seconds(pid) - before[pid]) / window * 100 for pid in roles}
-        pss = {pid: pss_kib(pid) / 1024 for pid in roles}
+        try:
+            before = {pid: cpu_seconds(pid) for pid in roles}
+            await trio.sleep(window)
+            cpu = {pid: (cpu_seconds(pid) - before[pid]) / window * 100 for pid in roles}
+            pss = {pid: pss_kib(pid) / 1024 for pid in roles}
+        except FileNotFoundError:
+            continue  # a child exited during the window (its /proc entry went): sample again
         if await _roles(fleet) == roles and "standby" in roles.values():
             break
         # A child came or went (a rebalance, a standby placed anew), or no standby has been
