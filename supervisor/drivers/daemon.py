@@ -55,7 +55,7 @@ from supervisor.core.make_before_break import Adoption
 from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import TAKEN, ShardWatch
-from supervisor.drivers.liveness import Liveness
+from supervisor.drivers.liveness import STORE_WRITE_TIMEOUT, Liveness
 from supervisor.drivers.reporting import Reporter
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
@@ -116,6 +116,7 @@ class Supervisor:
         self.keeper = StandbyKeeper(self.ctx, self._start_standby)
         self._advertised: tuple[str, ...] | None = None  # standbys our item shows
         self._announced_state = ""  # our item's state as last announced (membership)
+        self._advertised_held: int | None = None  # the shard count our item shows
         self.heartbeat_problem: str | None = "no heartbeat yet"  # None: the last one landed
         # Held around each heartbeat write, and by the drain's retire: once our item says
         # "stopped", no heartbeat (sent a moment earlier, still in flight) overwrites it.
@@ -274,7 +275,8 @@ class Supervisor:
         await self.store.register_worker(item)
         self._advertised = item.standbys
         self._announced_state = item.state
-        await self.liveness.announce("join")
+        self._advertised_held = 0
+        await self._announce_own("join")
         await self.liveness.clear_death_marker(self.worker_id)  # our earlier incarnation's
         self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
@@ -300,18 +302,21 @@ class Supervisor:
         )
         ready = self.keeper.ready()
         standbys = ready if ready != self._advertised else None  # written only when changed
+        count = sum(1 for runner in self.runners.values() if runner.state.holds_lease)
+        held = count if count != self._advertised_held else None  # likewise
         try:
             async with self._heartbeat_lock:
                 if self._retired:
                     return
                 with trio.fail_after(self.config.lease.duration / 2):
                     await self.store.heartbeat(
-                        self.worker_id, self.session, state, self.wall(), standbys
+                        self.worker_id, self.session, state, self.wall(), standbys, held
                     )
                 self._advertised = ready
+                self._advertised_held = count
             if standbys is not None or state != self._announced_state:
                 self._announced_state = state
-                await self.liveness.announce("state")  # peers re-read every worker item
+                await self._announce_own("state")  # peers re-read every worker item
         except (StoreUnavailable, trio.TooSlowError) as exc:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
@@ -331,7 +336,7 @@ class Supervisor:
             # Our lease lapsed before this heartbeat was sent (a freeze, a long outage):
             # peers may own our shards now. Never extend a fence across that gap.
             self._lose_all("own lease lapsed before the heartbeat")
-            await self.liveness.announce("rejoin")  # a watcher may have declared us dead meanwhile
+            await self._announce_own("rejoin")  # a watcher may have declared us dead meanwhile
         self.lease.heartbeat_succeeded(sent)
         deadline = self.lease.valid_until
         for runner in list(self.runners.values()):
@@ -339,6 +344,22 @@ class Supervisor:
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.notify(ready=1, status=self._status_line())
+
+    async def _announce_own(self, why: str) -> None:
+        """Announce a change of our own item, then record on it the generation that announced
+        it (``mgen``, for protocol 2's readers of the member list). Both bounded, best
+        effort: a lost announcement is made by our watchers; a lost record costs a
+        protocol-2 reader one more read of the member list."""
+        generation = await self.liveness.announce(why)
+        if generation is None:
+            return
+        with trio.move_on_after(STORE_WRITE_TIMEOUT):
+            try:
+                await self.store.record_membership(self.worker_id, self.session, generation)
+            except LeaseConflict:
+                pass  # a later change was recorded meanwhile, or our session is gone
+            except LeaseStoreError as exc:
+                log.warning("membership change (%s) not recorded on our item: %s", why, exc)
 
     async def _advertise_state(self, timeout: float) -> None:
         """A heartbeat now, not at the next beat: peers stop counting us as a taker (a drain)
@@ -828,7 +849,7 @@ class Supervisor:
                 async with self._heartbeat_lock:
                     self._retired = True
                     await self.store.retire_worker(self.worker_id, self.session, self.wall())
-                await self.liveness.announce("stop")
+                await self._announce_own("stop")
         except LeaseStoreError as exc:
             log.warning("could not mark the worker stopped: %s", exc)
         await self.liveness.clear_death_markers()

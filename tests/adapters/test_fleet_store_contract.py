@@ -99,6 +99,37 @@ async def test_protocol_1_writes_keep_protocol_2_indexes_true(
     assert "reg" not in await ids(fleet.vacant_in(bucket("reg", 256)))
 
 
+async def test_protocol_1_worker_writes_keep_the_member_list_true(store: LeaseStore) -> None:
+    """Today's daemon registers with protocol 2's worker keys, writes ``held`` when its count
+    changed and records the generation of each change it announces (``mgen``): at the flip,
+    the member list already shows every worker as its item does."""
+    fleet = store.fleet()  # type: ignore[attr-defined]
+    await store.register_worker(worker("a"))
+    (member,) = await fleet.read_members()
+    assert (member.id, member.state, member.held, member.mgen) == ("a", "running", 0, 0)
+    generation = await store.announce("join")
+    await store.record_membership("a", "s1", generation)
+    await store.heartbeat("a", "s1", "running", 1.0, held=3)
+    await store.heartbeat("a", "s1", "running", 2.0)  # held not given: kept
+    (member,) = await fleet.read_members()
+    assert (member.held, member.mgen, member.max_shards) == (3, generation, 7)
+    later = await store.announce("state")
+    await store.heartbeat("a", "s1", "draining", 3.0, held=1)
+    await store.record_membership("a", "s1", later)
+    with pytest.raises(LeaseConflict):  # never lowered: an earlier record arriving late
+        await store.record_membership("a", "s1", generation)
+    with pytest.raises(LeaseConflict):  # not our session any more
+        await store.record_membership("a", "other", later + 1)
+    (member,) = await fleet.read_members()
+    assert (member.state, member.held, member.mgen) == ("draining", 1, later)
+    await store.retire_worker("a", "s1", 4.0)
+    (member,) = await fleet.read_members()
+    assert (member.state, member.held) == ("stopped", 0)
+    await store.register_worker(worker("a", session="s2"))  # a restart starts anew
+    (member,) = await fleet.read_members()
+    assert (member.state, member.held, member.mgen) == ("running", 0, 0)
+
+
 # --- membership ------------------------------------------------------------------------------
 
 
@@ -335,11 +366,11 @@ async def test_protocol_1_reads_the_same_items(store: LeaseStore, fleet: Fleet) 
 async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys(
     store: DynamoLeaseStore,
 ) -> None:
-    # Today's daemon advertises these two features, not p2; it writes protocol 2's shard keys
-    # but not its worker keys. An item of an earlier version has none (s3, put as it was).
+    # Today's daemon advertises these two features, not p2; it writes protocol 2's keys. Items
+    # of an earlier version have none (the worker "gone" and s3, put as they were).
     today = frozenset({t.FEATURE_MBB, t.FEATURE_HANDOVER})
     await store.register_worker(worker("old", features=today))
-    await store.register_worker(worker("gone", session="g"))
+    await store.register(worker("gone", session="g"), {})
     await store.retire_worker("gone", "g", 1.0)  # stopped: it does not count
     for shard_id in ("s1", "s2"):
         await store.ensure_shard(shard_id)
@@ -349,7 +380,7 @@ async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys
     await store.release("s2", "old", 1, {}, successor="gone")
     change = await store.set_protocol(2)
     assert (change.created, change.protocol, change.refused) == (False, 1, ("old",))
-    assert change.backfilled == 3  # the two worker items and s3
+    assert change.backfilled == 2  # the earlier version's worker item and s3
     fleet = store.fleet()
     assert [m.id for m in await fleet.read_members()] == ["gone", "old"]
     assert [s.id for s in await fleet.owned_by("old")] == ["s1"]

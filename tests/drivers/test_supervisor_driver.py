@@ -96,6 +96,33 @@ async def test_takes_every_shard_and_stores_checkpoints(autojump_clock):
     }
 
 
+async def test_the_member_list_shows_each_worker_as_it_is(autojump_clock):
+    """Protocol 2's member list, kept by today's writes (compatibility mode): each worker's
+    shard count as of its last heartbeat, the generation of its last change, a clean stop."""
+    h = Harness(shards=4)
+    fleet = h.store.fleet()
+    w1, w2 = h.two()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w1.run)
+        await trio.sleep(3.0)
+        await nursery.start(w2.run)
+        joined = await fleet.read_generation()
+        with trio.fail_after(60):
+            while {m.held for m in await fleet.read_members()} != {2}:
+                await trio.sleep(0.5)
+        members = {m.id: m for m in await fleet.read_members()}
+        assert [m.state for m in members.values()] == ["running", "running"]
+        assert members["w2"].mgen == joined  # its join's generation, recorded on its item
+        assert members["w1"].mgen < joined
+        w2.request_shutdown()
+        with trio.fail_after(60):
+            while (await fleet.read_members())[1].state != "stopped":
+                await trio.sleep(0.5)
+        stopped = (await fleet.read_members())[1]
+        assert (stopped.held, stopped.mgen) == (0, await fleet.read_generation())
+        nursery.cancel_scope.cancel()
+
+
 async def test_store_outage_stops_every_child_before_a_peer_could_take_over(autojump_clock):
     h = Harness(shards=2)
     sup = h.supervisor("w1")
@@ -402,10 +429,11 @@ class SlowHeartbeats(MemoryLeaseStore):
         state: str,
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
+        held: int | None = None,
     ) -> int:
         with trio.CancelScope(shield=True):
             await trio.sleep(self.delay)
-            return await super().heartbeat(worker_id, session, state, wall_now, standbys)
+            return await super().heartbeat(worker_id, session, state, wall_now, standbys, held)
 
 
 async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopped(autojump_clock):

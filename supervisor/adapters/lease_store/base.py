@@ -56,10 +56,12 @@ class LeaseStore(Protocol):
         state: str,
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
+        held: int | None = None,
     ) -> int:
         """Counter + 1, conditional on our session. Returns the new counter. ``standbys``
-        (the shards whose standby child is ready here) is written only when given: the
-        caller passes it when it changed, so a heartbeat stays one small write."""
+        (the shards whose standby child is ready here) and ``held`` (how many shards we
+        own: protocol 2's member list carries it) are written only when given: the caller
+        passes them when they changed, so a heartbeat stays one small write."""
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         """Mark our worker item stopped (clean exit), conditional on our session."""
@@ -95,6 +97,12 @@ class LeaseStore(Protocol):
     async def announce(self, why: str) -> int:
         """Raise the membership generation (after writing the change it announces: peers
         that see it re-read every worker item). The new generation."""
+
+    async def record_membership(self, worker_id: str, session: str, generation: int) -> None:
+        """``mgen = generation`` on our worker item (the generation that announced our last
+        membership change), conditional on our session and never lowering it: protocol 2's
+        readers re-read a member list whose items lag the generation they were read for.
+        LeaseConflict when our session is gone or a later change was recorded."""
 
     async def death_notice(self, worker_id: str, counter: int, session: str, by: str) -> bool:
         """``state = dead`` if the item still shows ``counter`` and ``session`` and is not dead

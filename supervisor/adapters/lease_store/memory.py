@@ -33,7 +33,7 @@ from supervisor.core.items import (
     WorkerItem,
     WorkerRead,
 )
-from supervisor.core.membership import Member
+from supervisor.core.membership import Member, member_of
 from supervisor.core.peer_watch import Seen
 
 OPERATIONS = frozenset(
@@ -106,6 +106,23 @@ class _Table:
     # handles re-read it after each change, so it is sorted once per change.
     members_version: int = 0
     members_read: tuple[int, tuple[Member, ...], dict[str, int]] | None = None
+
+    def put_worker(
+        self, new: WorkerItem, *, held: int | None = None, mgen: int | None = None
+    ) -> None:
+        """Write a worker item and keep its projection in the ``fleet`` index true (``held``
+        and ``mgen`` as given, else as they were), as DynamoDB's index follows every write
+        of either protocol."""
+        self.workers[new.id] = new
+        old = self.members.get(new.id)
+        member = member_of(
+            new,
+            held=held if held is not None else old.held if old else 0,
+            mgen=mgen if mgen is not None else old.mgen if old else 0,
+        )
+        if old != member:
+            self.members[new.id] = member
+            self.members_version += 1
 
     def put_shard(self, new: ShardItem) -> dict[str, tuple[str | None, str | None]]:
         """Write a shard item and move its protocol-2 index entries, as DynamoDB's indexes
@@ -190,7 +207,7 @@ class MemoryLeaseStore:
         if old is not None:
             # Counters never go backwards: peers watching ours must see it change.
             worker = attrs.evolve(worker, counter=max(worker.counter, old.counter + 1))
-        table.workers[worker.id] = worker
+        table.put_worker(worker, held=0, mgen=0)  # a put: protocol 2's attributes start anew
         return worker
 
     async def heartbeat(
@@ -200,18 +217,27 @@ class MemoryLeaseStore:
         state: str,
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
+        held: int | None = None,
     ) -> int:
         table = await self._enter("heartbeat")
         new = self._update_own_worker(table, worker_id, session, state, wall_now)
         if standbys is not None:
             new = attrs.evolve(new, standbys=tuple(sorted(standbys)))
-            table.workers[worker_id] = new
+        table.put_worker(new, held=held)
         return new.counter
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         table = await self._enter("retire_worker")
         new = self._update_own_worker(table, worker_id, session, "stopped", wall_now)
-        table.workers[worker_id] = attrs.evolve(new, standbys=())
+        table.put_worker(attrs.evolve(new, standbys=()), held=0)
+
+    async def record_membership(self, worker_id: str, session: str, generation: int) -> None:
+        table = await self._enter("record_membership")
+        old = table.workers.get(worker_id)
+        member = table.members.get(worker_id)
+        if old is None or old.session != session or (member and member.mgen >= generation):
+            raise LeaseConflict(f"worker {worker_id!r}: not session {session}, or a later change")
+        table.put_worker(old, mgen=generation)
 
     @staticmethod
     def _update_own_worker(
@@ -221,7 +247,7 @@ class MemoryLeaseStore:
         if old is None or old.session != session:
             raise WorkerIdTaken(f"worker item {worker_id} no longer carries session {session}")
         new = attrs.evolve(old, counter=old.counter + 1, state=state, heartbeat_at=wall_now)
-        table.workers[worker_id] = new
+        table.put_worker(new)
         return new
 
     # --- shards -----------------------------------------------------------------------------
@@ -231,7 +257,7 @@ class MemoryLeaseStore:
         if worker_id not in table.workers:
             raise LeaseConflict(f"no worker {worker_id!r}")
         when = 0.0 if undo else wall_now
-        table.workers[worker_id] = attrs.evolve(table.workers[worker_id], drain_requested=when)
+        table.put_worker(attrs.evolve(table.workers[worker_id], drain_requested=when))
 
     async def request_release(self, shard_id: str, wall_now: float) -> str:
         table = await self._enter("request_release")
@@ -246,14 +272,14 @@ class MemoryLeaseStore:
         if worker_id not in table.workers:
             raise LeaseConflict(f"no worker {worker_id!r}")
         old = table.workers[worker_id]
-        table.workers[worker_id] = attrs.evolve(old, mailbox=old.mailbox + 1)
+        table.put_worker(attrs.evolve(old, mailbox=old.mailbox + 1))
 
     async def mark_orphaned(self, worker_id: str, session: str, wall_now: float) -> None:
         table = await self._enter("mark_orphaned")
         old = table.workers.get(worker_id)
         if old is None or old.session != session or old.state == "stopped":
             raise LeaseConflict(f"worker {worker_id!r} is not session {session}")
-        table.workers[worker_id] = attrs.evolve(old, state="orphaned")
+        table.put_worker(attrs.evolve(old, state="orphaned"))
 
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         table = await self._enter("read_workers")

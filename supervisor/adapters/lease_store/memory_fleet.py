@@ -62,8 +62,8 @@ class MemoryFleet:
     async def join(self, worker: WorkerItem) -> WorkerItem:
         """Register (as protocol 1) and announce: the generation moves, ``mgen`` records it
         (DynamoDB raises the generation first; in memory nothing runs between the two)."""
-        new = await self._store.register_worker(worker)
         old = self._table.members.get(worker.id)
+        new = await self._store.register_worker(worker)
         self.meter.write("register_worker", _pk("worker", worker.id), 0, item_size(new))
         generation = await self._bump()
         self._set_member(member_of(new, held=0, mgen=generation))

@@ -110,7 +110,9 @@ class DynamoLeaseStore:
     # --- workers ----------------------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerItem) -> WorkerItem:
-        return await self.register(worker, {})
+        # Protocol 2's keys from the start (held 0, no change recorded yet): once
+        # `init-table --protocol 2` has added the fleet index, it lists today's workers too.
+        return await self.register(worker, codec.worker_fleet(worker.id, 0, 0))
 
     async def register(self, worker: WorkerItem, extra: Item) -> WorkerItem:
         """register_worker, putting ``extra`` attributes with the item (protocol 2's join)."""
@@ -158,14 +160,26 @@ class DynamoLeaseStore:
         state: str,
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
+        held: int | None = None,
     ) -> int:
         response = await self._update_own_worker(
-            "heartbeat", worker_id, session, state, wall_now, standbys
+            "heartbeat", worker_id, session, state, wall_now, standbys, held
         )
         return int(response["Attributes"][t.COUNTER]["N"])
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
-        await self._update_own_worker("retire_worker", worker_id, session, t.STOPPED, wall_now, ())
+        await self._update_own_worker(
+            "retire_worker", worker_id, session, t.STOPPED, wall_now, (), 0
+        )
+
+    async def record_membership(self, worker_id: str, session: str, generation: int) -> None:
+        update = UpdateItem(
+            worker_key(worker_id),
+            "SET #mgen = :generation",
+            "#session = :session AND (attribute_not_exists(#mgen) OR #mgen < :generation)",
+            {":generation": number(generation), ":session": string(session)},
+        )
+        await self._update("record_membership", update)
 
     async def _update_own_worker(
         self,
@@ -175,9 +189,10 @@ class DynamoLeaseStore:
         state: str,
         wall_now: float,
         standbys: tuple[str, ...] | None,
+        held: int | None = None,
     ) -> dict[str, Any]:
-        """Counter + 1 with a new state (and ``standbys`` if given), if the item still carries
-        our session."""
+        """Counter + 1 with a new state (and ``standbys``, ``held`` if given), if the item
+        still carries our session."""
         values = {
             ":one": number(1),
             ":state": string(state),
@@ -188,6 +203,9 @@ class DynamoLeaseStore:
         if standbys is not None:
             expression += ", #standbys = :standbys"
             values[":standbys"] = codec.standbys_value(standbys)
+        if held is not None:
+            expression += ", #held = :held"
+            values[":held"] = number(held)
         update = UpdateItem(
             worker_key(worker_id),
             expression,
