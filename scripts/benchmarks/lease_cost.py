@@ -18,7 +18,7 @@ checkpoints excluded (both systems write them; their count is the application's 
   ``roster`` index (0.5 RRU per 4 KB of about 64 B entries) and the vacant shards (0.5 RRU);
   every worker item (W RRU) again after each membership change, one a minute fleet-wide
   assumed; the hand-off poll, one index query every 250 ms (vacant shards and hand-off
-  notices); the full consistent Scan every 60 s of S shard items of about 300 B.
+  notices); the full Scan every 60 s of S shard items of about 300 B, eventually consistent.
 * KCL 2.x (../shared/reference/anchors.md): 0.302 renewal writes per lease per second, and every
   worker scanning the whole lease table (eventually consistent) every 20.05 s.
 """
@@ -121,7 +121,7 @@ def lease_cost(workers: int, shards_per_worker: int = 100) -> LeaseCost:
         + watch_rru
         + w * CONSISTENT * MEMBERSHIP_CHANGES_S  # every item, after each change
         + poll_rru
-        + table_units * CONSISTENT / FULL_SCAN_S
+        + table_units * EVENTUAL / FULL_SCAN_S
     )
     return LeaseCost(
         workers=workers,

@@ -36,7 +36,9 @@ def rendezvous_rank(worker_id: str, shard_id: str) -> bytes:
     return hashlib.blake2b(f"{worker_id}\0{shard_id}".encode(), digest_size=8).digest()
 
 
-def _lost(held: Mapping[str, int], items: Mapping[str, ShardItem], me: str) -> tuple[str, ...]:
+def lost_leases(
+    held: Mapping[str, int], items: Mapping[str, ShardItem], me: str
+) -> tuple[str, ...]:
     """Held shards the table shows with another owner, or at a later epoch. An item at an
     earlier epoch than ours was read before our own take (takes run beside the round: the
     hand-off poll, a make-before-break answer) and says nothing of the lease: epochs only grow,
@@ -115,7 +117,7 @@ def plan_round(
     items = {s.id: s for s in shards if s.id in wanted}
     for item in items.values():
         tracker.observe_owner(item.owner, now)
-    lost = _lost(held, items, me)
+    lost = lost_leases(held, items, me)
     if not accepting:
         return Plan(lost=lost)
     keeping = [sid for sid in held if sid not in lost]

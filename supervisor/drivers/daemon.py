@@ -44,6 +44,7 @@ from supervisor.core import (
     handoff,
     health,
     make_before_break,
+    planner,
     round_policy,
     shard_set,
 )
@@ -421,11 +422,21 @@ class Supervisor:
         vacant = listing.shards
         scan = self._scans.due(self._signature(workers, vacant, now), now)
         if scan:
-            snapshot = await self.store.snapshot()
+            # Eventually consistent: half the read units of protocol 1's largest read. A
+            # stale item only shows an older state (an earlier epoch, a shard not created
+            # yet): takes stay conditional on what was seen, a lost lease is confirmed by a
+            # consistent read before its child stops (``_confirm_lost``), and the workers are
+            # the round's own consistent read, not the scan's.
+            snapshot = attrs.evolve(await self.store.snapshot(consistent=False), workers=workers)
             now = self.now()
-            workers = self.liveness.scanned(snapshot.workers, now)
             self._scans.scanned(now)
             self._refresh_runnable(snapshot)
+            listed = {item.id for item in snapshot.shards}
+            if any(shard.id not in listed for shard in vacant):
+                # The vacancies (read just before) list a shard the scan does not: it read a
+                # replica that lags, and a shard registered since would wait for the next
+                # periodic scan to become runnable. Scan again next round instead.
+                self._scans.invalidate()
         else:
             assert self._snapshot is not None
             snapshot = attrs.evolve(self._snapshot, workers=workers)
@@ -461,7 +472,7 @@ class Supervisor:
         actions = round_policy.act_on_plan(
             plan, me=self.worker_id, scanned=scan, warm=warm, held=self.runners
         )
-        for shard_id in actions.lose:
+        for shard_id in await self._confirm_lost(actions.lose):
             self.runners[shard_id].lose("the table shows another owner or epoch")
         successors = self._successors(actions.shed)
         for shard_id in actions.shed:
@@ -488,6 +499,21 @@ class Supervisor:
         if self.config.lease.handoff_poll_interval == 0 and accepting:
             await self._answer_handoff_requests(listing.requests)
         self.notifier.notify(status=self._status_line())
+
+    async def _confirm_lost(self, shard_ids: Sequence[str]) -> list[str]:
+        """The shards the scan showed lost that a strongly consistent read confirms: owned by
+        another, at a later epoch, or gone. A replica may lag (a shard registered and taken
+        since shows no item yet); the read costs nothing while nothing was lost. Unread
+        (the store failed), nothing is lost this round: our fenced writes find out anyway."""
+        if not shard_ids:
+            return []
+        try:
+            items = await self.store.read_shards(shard_ids)
+        except StoreUnavailable as exc:
+            log.warning("a lost lease not confirmed, checked next round: %s", exc)
+            return []
+        held = {sid: self.runners[sid].epoch for sid in shard_ids if sid in self.runners}
+        return list(planner.lost_leases(held, items, self.worker_id))
 
     def _accepting(self, now: float) -> bool:
         return round_policy.accepting(
@@ -525,8 +551,17 @@ class Supervisor:
         )
 
     def _refresh_runnable(self, snapshot: Snapshot) -> None:
-        """TOML shards, plus the registered ones (``shard_set.registered_candidates``)."""
-        runnable = dict(self._shards)
+        """TOML shards, plus the registered ones (``shard_set.registered_candidates``). A
+        registered shard the scan does not list at all stays runnable: the scan is
+        eventually consistent, a shard's item is never deleted (``shards remove`` retires it,
+        which the scan shows), so an absent item is one registered too recently to show."""
+        listed = {item.id for item in snapshot.shards}
+        runnable = {
+            sid: shard
+            for sid, shard in self._runnable.items()
+            if sid not in self._shards and sid not in listed
+        }
+        runnable.update(self._shards)
         for item in shard_set.registered_candidates(self._shards, snapshot.shards):
             try:
                 runnable[item.id] = decode_spec(item.id, item.spec)

@@ -152,16 +152,6 @@ class Liveness:
                 self._nursery.start_soon(self._declare_dead, worker)
         return view.workers
 
-    def scanned(self, workers: Sequence[WorkerItem], now: float) -> tuple[WorkerItem, ...]:
-        """A full scan read every worker item: fresher than the view for the peers we do not
-        watch. The view's workers."""
-        self.tracker.observe(workers, now)
-        if self.roster is None:
-            return tuple(workers)
-        self.roster = self.roster.updated(workers)
-        self.item_read_at.update((w.id, now) for w in workers if w.id in self.roster.ids)
-        return self.roster.workers
-
     def deaths_listed(self, deaths: Sequence[DeathMarker]) -> None:
         """The hand-off poll's listing: a death marker newer than our view wakes the round."""
         view = self.roster

@@ -98,6 +98,8 @@ async def test_register_and_heartbeat_increment_the_counter(store: LeaseStore) -
     assert await store.heartbeat("w1", "s1", "draining", 1700000002.5) == 7
     (stored,) = (await store.snapshot()).workers
     assert (stored.counter, stored.state, stored.heartbeat_at) == (7, "draining", 1700000002.5)
+    # The daemon's scans are eventually consistent (these servers are never stale).
+    assert (await store.snapshot(consistent=False)).workers == (stored,)
 
 
 async def test_heartbeat_with_another_session_is_worker_id_taken(store: LeaseStore) -> None:

@@ -20,8 +20,10 @@ from supervisor.config.model import (
     SupervisorConfig,
     WorkerConfig,
 )
+from supervisor.config.shard_spec import encode_spec
+from supervisor.core.items import ShardItem, Snapshot
 from supervisor.core.partition_keys import vacant_key
-from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle
+from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
 from supervisor.drivers.daemon import TAKES_AT_ONCE, Supervisor
 from supervisor.drivers.shard_runner import HELLO_TIMEOUT
 
@@ -121,6 +123,49 @@ async def test_the_member_list_shows_each_worker_as_it_is(autojump_clock):
         stopped = (await fleet.read_members())[1]
         assert (stopped.held, stopped.mgen) == (0, await fleet.read_generation())
         nursery.cancel_scope.cancel()
+
+
+async def test_a_lagging_replica_neither_stops_nor_drops_a_shard_registered_since(
+    autojump_clock,
+):
+    """Scans are eventually consistent. A replica one scan behind lists no item for a shard
+    registered and taken since: that is no lost lease (a consistent read says so before any
+    child stops) and no removed shard (it stays runnable)."""
+    h = Harness(shards=1)
+    store = h.store.peer()
+    store.stale_scans = True
+    sup = h.supervisor("w1", store)
+    spec = encode_spec(ShardConfig("reg", (StreamSpec("reg", "ws://127.0.0.1:1/x"),)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await trio.sleep(3.0)
+        await h.store.add_shard("reg", spec, 1.0)
+        sup._scans.invalidate()  # as a `shards add` pokes the owners' mailboxes
+        with trio.fail_after(30):
+            while (await h.owners()).get("reg") != ("w1", 1):
+                await trio.sleep(0.1)
+        confirmed = store.request_counts["read_shards"]
+        await trio.sleep(5 * RECONCILE)  # rounds and scans, the first of them stale
+        assert (await h.owners())["reg"] == ("w1", 1)
+        assert sup.runners["reg"].state is RunnerState.RUNNING
+        assert [c.shard for c in h.children].count("reg") == 1  # never restarted
+        assert store.request_counts["read_shards"] > confirmed  # the scan did show it lost
+        nursery.cancel_scope.cancel()
+
+
+def test_a_registered_shard_stays_runnable_until_a_scan_shows_it_retired():
+    """What may run comes from eventually consistent scans: a registered shard missing from
+    one (a lagging replica) stays runnable; one the scan shows retired does not."""
+    sup = Harness(shards=1).supervisor("w1")
+    spec = encode_spec(ShardConfig("reg", (StreamSpec("reg", "ws://127.0.0.1:1/x"),)))
+    registered = ShardItem("reg", "w1", 1, spec=spec)
+    sup._refresh_runnable(Snapshot(workers=(), shards=(registered,)))
+    assert sorted(sup._runnable) == ["reg", "s0"]
+    sup._refresh_runnable(Snapshot(workers=(), shards=()))  # a replica that lags
+    assert sorted(sup._runnable) == ["reg", "s0"]
+    retired = attrs.evolve(registered, retired_at=5.0)
+    sup._refresh_runnable(Snapshot(workers=(), shards=(retired,)))
+    assert sorted(sup._runnable) == ["s0"]
 
 
 async def test_store_outage_stops_every_child_before_a_peer_could_take_over(autojump_clock):

@@ -77,8 +77,10 @@ class LeaseStore(Protocol):
     async def ensure_shard(self, shard_id: str) -> None:
         """Create the shard item unowned at epoch 0 if it does not exist yet."""
 
-    async def snapshot(self) -> Snapshot:
-        """A strongly consistent read of every worker and shard item (a full scan)."""
+    async def snapshot(self, consistent: bool = True) -> Snapshot:
+        """A read of every worker and shard item (a full scan); strongly consistent unless
+        ``consistent`` is False (half the read units; may show any item as it was a moment
+        ago, never a later state than it has)."""
 
     async def read_workers(self) -> tuple[WorkerItem, ...]:
         """Every worker item, strongly consistent, without reading any shard item."""

@@ -157,6 +157,12 @@ class MemoryLeaseStore:
         )
         self.request_counts: collections.Counter[str] = collections.Counter()
         self.observer = None  # as DynamoLeaseStore's: (operation, seconds, error kind or "")
+        # Two replicas that disagree: eventually consistent scans alternate between the table
+        # as it is and as the first of them found it (items created since missing, others at
+        # an older state), as successive reads may land on an up-to-date and a lagging one.
+        self.stale_scans = False
+        self._stuck: Snapshot | None = None
+        self._eventual_scans = 0
 
     def fleet(self, meter: Meter | None = None) -> MemoryFleet:
         """Protocol 2's requests on these items, billed on ``meter`` (share one per table)."""
@@ -345,12 +351,17 @@ class MemoryLeaseStore:
         if shard_id not in table.shards:
             table.put_shard(ShardItem(id=shard_id, owner="", epoch=0))
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self, consistent: bool = True) -> Snapshot:
         table = await self._enter("snapshot")
-        return Snapshot(
+        found = Snapshot(
             workers=tuple(table.workers[k] for k in sorted(table.workers)),
             shards=tuple(_copy(table.shards[k]) for k in sorted(table.shards)),
         )
+        if consistent or not self.stale_scans:
+            return found
+        self._stuck = self._stuck or found
+        self._eventual_scans += 1
+        return found if self._eventual_scans % 2 else self._stuck
 
     async def take(
         self, shard_id: str, me: str, expected_owner: str, expected_epoch: int, wall_now: float

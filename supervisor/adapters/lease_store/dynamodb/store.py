@@ -368,10 +368,10 @@ class DynamoLeaseStore:
             f"{op}: {self.endpoint} left keys unprocessed {_BATCH_GET_ROUNDS} times"
         )
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self, consistent: bool = True) -> Snapshot:
         workers: list[WorkerItem] = []
         shards: list[ShardItem] = []
-        params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
+        params: dict[str, Any] = {"TableName": self.table, "ConsistentRead": consistent}
         while True:
             page = await self._db.request("snapshot", "scan", **params)
             for item in page.get("Items", []):
