@@ -33,6 +33,12 @@ KIND_HANDOFF = "handoff"
 # raised), so that every worker's hand-off poll sees the death within a poll and runs a round,
 # not only at its next one. Its `id` is its pk ("death#<worker>"), never a shard's.
 KIND_DEATH = "death"
+# A standby-wanted marker (protocol 2; docs/lease-protocol.md, *Standbys*): the holder of a
+# shard that is itself among the shard's first k standby candidates names the (k+1)-th, who
+# reads the markers listed under its own `successor` value "want#<worker>" (the `successor`
+# index). pk "want#<shard>", `id` the shard, `owner` the holder, `epoch` the holder's epoch:
+# a holder of an earlier epoch can neither overwrite nor remove a later holder's marker.
+KIND_WANT = "want"
 
 # Both kinds of item.
 KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
@@ -140,6 +146,16 @@ def handoff_notice_id(shard_id: str) -> str:
 def death_marker_id(worker_id: str) -> str:
     """The death marker's pk and `id`."""
     return f"{KIND_DEATH}#{worker_id}"
+
+
+def want_marker_key(shard_id: str) -> Item:
+    """A standby-wanted marker's key."""
+    return {PK: string(f"{KIND_WANT}#{shard_id}")}
+
+
+def wanted_by(worker_id: str) -> str:
+    """The `successor` value that lists the markers naming ``worker_id``."""
+    return f"{KIND_WANT}#{worker_id}"
 
 
 def shard_of_notice(notice_id: str) -> str:

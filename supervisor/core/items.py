@@ -95,6 +95,16 @@ class DeathMarker:
 
 
 @attrs.frozen
+class WantMarker:
+    """A standby-wanted marker (protocol 2): ``holder`` holds ``shard`` at ``epoch`` and names
+    the reader as the shard's extra standby (the holder is among its first candidates)."""
+
+    shard: str
+    holder: str
+    epoch: int
+
+
+@attrs.frozen
 class Vacancies:
     """What one query of the ``vacant`` roster lists: the unowned shards, the hand-off notices
     of make-before-break requests and the recent death markers (the hand-off poll's one

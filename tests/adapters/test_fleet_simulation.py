@@ -69,7 +69,8 @@ def run(workers, shards):
         f" {reads:.0f} RRU, {writes:.0f} WRU; ${monthly:,.0f}/month;"
         f" hottest key {key} at {share:.1%} of its partition limit;"
         f" death to take {min(sim.failovers):.0f}..{max(sim.failovers):.0f} s;"
-        f" standby markers: {len(sim.markers)} at the end, at most {sim.marker_peak} for one"
+        f" standby markers: {len(sim.store._table.wants)} at the end,"
+        f" at most {sim.marker_peak} for one"
         " worker;"
         " rounds to balance: "
         + ", ".join(f"{name} {count}" for name, count in report.items())

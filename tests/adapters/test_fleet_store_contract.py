@@ -199,6 +199,48 @@ async def test_the_death_notice_needs_the_confirmed_counter_and_then_heartbeats_
     assert await fleet.heartbeat("a", "s3", "running", held=0) > counter
 
 
+# --- standby-wanted markers (docs/lease-protocol.md, *Standbys*) ------------------------------
+
+
+async def test_a_marker_is_listed_under_the_worker_it_names_only(fleet: Fleet) -> None:
+    assert await fleet.want_standby("s1", "w1", 3, "w9")
+    assert await fleet.want_standby("s2", "w1", 1, "w9")
+    assert await fleet.want_standby("s3", "w2", 2, "w8")
+    assert [(m.shard, m.holder, m.epoch) for m in await fleet.wanted_of("w9")] == [
+        ("s1", "w1", 3),
+        ("s2", "w1", 1),
+    ]
+    assert [m.shard for m in await fleet.wanted_of("w8")] == ["s3"]
+    assert await fleet.wanted_of("w1") == ()
+    assert await fleet.addressed_to("w9") == ()  # no shard: the hand-off poll never sees one
+    assert await fleet.want_standby("s1", "w1", 3, "w8")  # the candidates moved: renamed
+    assert [m.shard for m in await fleet.wanted_of("w9")] == ["s2"]
+    assert [m.shard for m in await fleet.wanted_of("w8")] == ["s1", "s3"]
+    assert await fleet.want_standby("s2", "w1", 1, "")  # let go: removed
+    assert await fleet.wanted_of("w9") == ()
+
+
+async def test_an_earlier_holder_neither_overwrites_nor_removes_a_later_ones_marker(
+    fleet: Fleet,
+) -> None:
+    assert await fleet.want_standby("s1", "old", 4, "w9")
+    assert await fleet.want_standby("s1", "new", 5, "w7")  # promoted: epoch + 1, its own
+    assert not await fleet.want_standby("s1", "old", 4, "w9")  # a late write of the old one
+    assert not await fleet.want_standby("s1", "old", 4, "")
+    assert [(m.shard, m.holder, m.epoch) for m in await fleet.wanted_of("w7")] == [("s1", "new", 5)]
+    assert await fleet.wanted_of("w9") == ()
+    assert await fleet.want_standby("s1", "new", 5, "")
+    assert await fleet.want_standby("s1", "new", 5, "")  # nothing left to remove: fine
+
+
+async def test_markers_are_invisible_to_protocol_1(store: LeaseStore, fleet: Fleet) -> None:
+    await store.ensure_shard("s1")
+    assert await fleet.want_standby("s1", "w1", 1, "w2")
+    snapshot = await store.snapshot()
+    assert [s.id for s in snapshot.shards] == ["s1"] and snapshot.workers == ()
+    assert [v.id for v in (await store.vacancies()).shards] == ["s1"]
+
+
 @pytest.fixture
 async def racers(make_store: StoreFactory) -> list[Fleet]:
     """Two workers' handles on one table, for a race (exactly one conditional write wins)."""

@@ -123,3 +123,20 @@ def test_each_request_is_billed_as_dynamodb_bills_it():
         assert meter.requests["ensure_shards"] == 1
 
     run(main)
+
+
+def test_a_standby_wanted_marker_is_billed_on_its_item_and_its_index_entries():
+    async def main():
+        meter = Meter()
+        f = MemoryLeaseStore(table_exists=True).fleet(meter)
+        meter.window()
+        assert await f.want_standby("s1", "w1", 2, "w9")  # the put and its successor entry
+        assert meter.window()[1] == {"want#s1": 1, "successor:want#w9": 1}
+        assert await f.want_standby("s1", "w1", 2, "w8")  # renamed: the entry moves
+        assert meter.window()[1] == {"want#s1": 1, "successor:want#w9": 1, "successor:want#w8": 1}
+        assert not await f.want_standby("s1", "w0", 1, "")  # refused, billed all the same
+        assert meter.window()[1] == {"want#s1": 1}
+        assert [m.shard for m in await f.wanted_of("w8")] == ["s1"]  # one small query
+        assert meter.window()[0] == {"successor:want#w8": 0.5}
+
+    run(main)

@@ -35,7 +35,6 @@ from supervisor.core.watch_ring import watched_by
 D, H, R, POLL = 10.0, 2.0, 2.0, 0.25  # lease duration, heartbeat, round, hand-off poll
 SHORT_SCAN = D  # how often a short worker whose buckets are empty may read every bucket
 MAX_TAKES = 50  # per worker per round: its own# key at 2.5 %, a vacant bucket at 10 %
-MARKER_BYTES = 120  # a standby-wanted marker item, and its entry in the successor index
 
 
 @attrs.define
@@ -68,7 +67,7 @@ class Simulation:
     failovers: list[float] = attrs.field(factory=list)  # death -> take, per shard
     moves: int = 0
     standbys: int = 0  # [standby] count (0: no standby placement simulated)
-    markers: dict[str, str] = attrs.field(factory=dict)  # shard -> whom its holder names
+    markers: dict[str, str] = attrs.field(factory=dict)  # shard -> whom its holder named
     marker_peak: int = 0  # the most markers one worker's read found
     _ring: tuple[tuple[int, float], Ring] | None = None
     _candidates: dict[str, tuple[str, ...]] = attrs.field(factory=dict)  # for _ring
@@ -243,10 +242,11 @@ class Simulation:
         names = deal_excess(targets, held).get(worker.id, ())
         for index, shard in enumerate(shed):
             successor = names[index] if index < len(names) else ""
-            if await worker.fleet.release(shard, worker.id, worker.held[shard], successor):
+            epoch = worker.held[shard]
+            if await worker.fleet.release(shard, worker.id, epoch, successor):
                 del worker.held[shard]
                 worker.held_since.pop(shard, None)
-                self._set_marker(shard, "")  # it lets the shard go: its marker goes too
+                await self._set_marker(worker, shard, epoch, "")  # its marker goes too
 
     # --- standbys on protocol 2 ---------------------------------------------------------------
 
@@ -256,30 +256,26 @@ class Simulation:
         and after a membership change."""
         view = worker.view
         assert view is not None
-        for shard in worker.held:
-            cands = self._candidates_of(view, shard)
-            self._set_marker(shard, wants_extra(cands, worker.id, self.standbys))
+        for shard, epoch in list(worker.held.items()):
+            named = wants_extra(self._candidates_of(view, shard), worker.id, self.standbys)
+            await self._set_marker(worker, shard, epoch, named)
         moved = worker.seen_generation != worker.markers_generation
         if moved or self.now - worker.markers_read_at >= D:
             worker.markers_read_at, worker.markers_generation = self.now, worker.seen_generation
-            mine = sum(1 for named in self.markers.values() if named == worker.id)
-            self.marker_peak = max(self.marker_peak, mine)
-            key = f"successor:want#{worker.id}"
-            self.meter.query("standby_markers", key, [MARKER_BYTES] * mine)
+            mine = await worker.fleet.wanted_of(worker.id)
+            self.marker_peak = max(self.marker_peak, len(mine))
 
-    def _set_marker(self, shard: str, named: str) -> None:
-        """Writes (or deletes, ``named`` "") the shard's marker when it changes, billed."""
+    async def _set_marker(self, worker: Worker, shard: str, epoch: int, named: str) -> None:
+        """The holder writes (``named`` "": removes) the shard's marker when whom it names
+        changed (``MemoryFleet.want_standby``, billed); a later holder's stands."""
         old = self.markers.get(shard, "")
         if old == named or not self.standbys:
             return
-        self.meter.write("standby_marker", f"want#{shard}", MARKER_BYTES, MARKER_BYTES)
-        self.meter.index_write(
-            f"successor:want#{old}" if old else None, f"successor:want#{named}" if named else None
-        )
-        if named:
-            self.markers[shard] = named
-        else:
-            del self.markers[shard]
+        if await worker.fleet.want_standby(shard, worker.id, epoch, named):
+            if named:
+                self.markers[shard] = named
+            else:
+                del self.markers[shard]
 
     def _candidates_of(self, view: MembershipView | None, shard: str) -> tuple[str, ...]:
         """The shard's candidates in ``view`` (one ring per view, shared: every worker would

@@ -30,6 +30,7 @@ from supervisor.core.items import (
     Snapshot,
     Vacancies,
     VacantShard,
+    WantMarker,
     WorkerItem,
     WorkerRead,
 )
@@ -106,6 +107,10 @@ class _Table:
     # handles re-read it after each change, so it is sorted once per change.
     members_version: int = 0
     members_read: tuple[int, tuple[Member, ...], dict[str, int]] | None = None
+    # Standby-wanted markers by shard (the marker, whom it names), and by whom they name
+    # (their entries in the successor index under "want#<worker>").
+    wants: dict[str, tuple[WantMarker, str]] = attrs.field(factory=dict)
+    wanted: dict[str, set[str]] = attrs.field(factory=dict)
 
     def put_worker(
         self, new: WorkerItem, *, held: int | None = None, mgen: int | None = None

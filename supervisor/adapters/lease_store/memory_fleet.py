@@ -18,7 +18,7 @@ import attrs
 from supervisor.adapters.lease_store.base import LeaseConflict, WorkerIdTaken
 from supervisor.adapters.lease_store.billing import Meter, item_size
 from supervisor.core import partition_keys as keys
-from supervisor.core.items import ShardItem, WorkerItem
+from supervisor.core.items import ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member, member_of
 from supervisor.core.peer_watch import Seen
 
@@ -29,6 +29,7 @@ META = "fleet#meta"
 PAGE = 100  # items per page of an index query
 _MEMBER_BYTES = 120  # a worker's projection in the fleet index
 _ENTRY_BYTES = 90  # a shard's projection in an index
+MARKER_BYTES = 120  # a standby-wanted marker item, and its entry in the successor index
 
 
 def _pk(kind: str, name: str) -> str:
@@ -170,6 +171,40 @@ class MemoryFleet:
     async def _listed(self, op: str, key: str) -> tuple[ShardItem, ...]:
         found = [self._table.shards[s] for s in sorted(self._table.listed.get(key, ()))]
         await self._query(op, f"fleet:{key}", found)
+        return tuple(found)
+
+    # --- standby-wanted markers ----------------------------------------------------------
+
+    async def want_standby(self, shard_id: str, holder: str, epoch: int, named: str) -> bool:
+        """The holder's marker naming ``named`` ("" removes it), conditional on no marker of a
+        later epoch (billed all the same, as a failed condition is on DynamoDB)."""
+        table = await self._store._enter("want_standby")
+        old = table.wants.get(shard_id)
+        size = MARKER_BYTES if named else 0
+        self.meter.write("want_standby", _pk("want", shard_id), MARKER_BYTES if old else 0, size)
+        if old is not None and old[0].epoch > epoch:
+            return False
+        before = old[1] if old else None
+        if before is not None:
+            table.wanted[before].discard(shard_id)
+        if named:
+            table.wants[shard_id] = (WantMarker(shard_id, holder, epoch), named)
+            table.wanted.setdefault(named, set()).add(shard_id)
+        else:
+            table.wants.pop(shard_id, None)
+        if before is not None or named:
+            self.meter.index_write(
+                before and f"successor:want#{before}", named and f"successor:want#{named}"
+            )
+        return True
+
+    async def wanted_of(self, worker_id: str) -> tuple[WantMarker, ...]:
+        """``successor = want#<worker>``, paged."""
+        table = await self._store._enter("wanted_of")
+        found = [table.wants[s][0] for s in sorted(table.wanted.get(worker_id, ()))]
+        for start in range(0, max(len(found), 1), PAGE):
+            page = found[start : start + PAGE]
+            self.meter.query("wanted_of", f"successor:want#{worker_id}", [MARKER_BYTES] * len(page))
         return tuple(found)
 
     async def ensure_shards(self, shard_ids: list[str]) -> None:

@@ -24,7 +24,7 @@ from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
 from supervisor.adapters.lease_store.dynamodb.store import take_update
 from supervisor.core import partition_keys as keys
-from supervisor.core.items import ShardItem, WorkerItem
+from supervisor.core.items import ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member
 from supervisor.core.peer_watch import Seen
 
@@ -216,6 +216,51 @@ class DynamoFleet:
             sort=sort,
             sort_values=values,
         )
+
+    # --- standby-wanted markers ----------------------------------------------------------
+
+    async def want_standby(self, shard_id: str, holder: str, epoch: int, named: str) -> bool:
+        """The holder's standby-wanted marker for ``shard_id`` naming ``named`` (its (k+1)-th
+        candidate), listed under ``successor = want#<named>``; ``named`` "" removes it. Both
+        are conditional on no marker of a later epoch: a holder that lost the shard can
+        neither overwrite nor remove its successor's. False when that condition failed."""
+        key = t.want_marker_key(shard_id)
+        condition = {
+            "ConditionExpression": "attribute_not_exists(pk) OR #epoch <= :epoch",
+            "ExpressionAttributeNames": {"#epoch": t.EPOCH},
+            "ExpressionAttributeValues": {":epoch": number(epoch)},
+        }
+        write: dict[str, Any] = {"Key": key}
+        if named:
+            marker = {
+                t.KIND: string(t.KIND_WANT),
+                t.ID: string(shard_id),
+                t.OWNER: string(holder),
+                t.EPOCH: number(epoch),
+                t.SUCCESSOR: string(t.wanted_by(named)),
+            }
+            write = {"Item": {**key, **marker}}
+        api = "put_item" if named else "delete_item"
+        try:
+            await self._db.request("want_standby", api, TableName=self.table, **write, **condition)
+        except LeaseConflict:
+            return False
+        return True
+
+    async def wanted_of(self, worker_id: str) -> tuple[WantMarker, ...]:
+        """The markers naming ``worker_id`` (``successor = want#<worker>``, paged): the shards
+        whose holder wants it as their extra standby. Read every lease and after each
+        membership change."""
+        items = await self._store.query_index(
+            "wanted_of", admin.SUCCESSOR_INDEX, t.SUCCESSOR, t.wanted_by(worker_id), limit=PAGE
+        )
+        read = codec.read_str
+        found = (
+            WantMarker(read(item, t.ID), read(item, t.OWNER), codec.read_int(item, t.EPOCH))
+            for item in items
+            if codec.kind_of(item) == t.KIND_WANT
+        )
+        return tuple(sorted(found, key=lambda m: m.shard))
 
     async def ensure_shards(self, shard_ids: list[str]) -> None:
         """Create the missing shard items, vacant: a consistent BatchGetItem of 100 ids finds
