@@ -39,6 +39,11 @@ KIND_DEATH = "death"
 # index). pk "want#<shard>", `id` the shard, `owner` the holder, `epoch` the holder's epoch:
 # a holder of an earlier epoch can neither overwrite nor remove a later holder's marker.
 KIND_WANT = "want"
+# A registration item (protocol 2; docs/lease-protocol.md, *Shards nobody lists*): one per
+# shard registered with `shards add`, listed in the `fleet` index under "reg#NN" (the top 8
+# bits of the shard's ring point) with the point as `spot`, so that a standby candidate
+# reads the registered shards of its arcs of the ring, not all of them. pk "reg#<shard>".
+KIND_REG = "reg"
 
 # Both kinds of item.
 KIND, ID, STATE, ROSTER = "kind", "id", "state", "roster"
@@ -63,6 +68,9 @@ STANDBYS, FEATURES, MAX_STANDBYS = "standbys", "features", "max_standbys"
 FLEET, SPOT, MGEN, HELD, DEAD_BY = "fleet", "spot", "mgen", "held", "dead_by"
 # The fleet meta item (``META_PK``): the membership generation and the protocol in force.
 GENERATION, PROTOCOL = "generation", "protocol"
+# ... and the registered shards: a counter raised by every `shards add` and `remove`, and how
+# many are registered (the planner's shard count is the file's shards plus this).
+SHARDGEN, REGISTERED_COUNT = "shardgen", "registered_count"
 META_PK = "fleet#meta"
 
 SHARD_ATTRIBUTES = frozenset(
@@ -75,7 +83,7 @@ WORKER_ATTRIBUTES = frozenset(
     | {MAX_SHARDS, DRAIN_REQUESTED, MAILBOX, ORPHANED_AT}
     | {STANDBYS, FEATURES, MAX_STANDBYS, FLEET, SPOT, MGEN, HELD, DEAD_BY}
 )
-META_ATTRIBUTES = frozenset({GENERATION, PROTOCOL})
+META_ATTRIBUTES = frozenset({GENERATION, PROTOCOL, SHARDGEN, REGISTERED_COUNT})
 ATTRIBUTES = SHARD_ATTRIBUTES | WORKER_ATTRIBUTES | META_ATTRIBUTES
 
 # `roster` puts an item in the sparse index of that name: every worker, unowned shards, and
@@ -153,6 +161,11 @@ def want_marker_key(shard_id: str) -> Item:
     return {PK: string(f"{KIND_WANT}#{shard_id}")}
 
 
+def registration_key(shard_id: str) -> Item:
+    """A registration item's key."""
+    return {PK: string(f"{KIND_REG}#{shard_id}")}
+
+
 def wanted_by(worker_id: str) -> str:
     """The `successor` value that lists the markers naming ``worker_id``."""
     return f"{KIND_WANT}#{worker_id}"
@@ -220,8 +233,9 @@ class UpdateItem:
             "Key": self.key,
             "UpdateExpression": self.update,
             "ExpressionAttributeNames": expression_names(self.update, self.condition),
-            "ExpressionAttributeValues": dict(self.values),
         }
+        if self.values:  # DynamoDB refuses an empty map (a bare REMOVE needs none)
+            params["ExpressionAttributeValues"] = dict(self.values)
         if self.condition:  # "" only for the meta item's counter (ADD needs no condition)
             params["ConditionExpression"] = self.condition
         if self.returns:

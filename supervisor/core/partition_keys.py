@@ -27,6 +27,8 @@ BUCKETS = 64  # worker buckets: ≈ 16 workers (≈ 2 KB, one page) at W = 1,000
 VACANT_BUCKETS = 256
 VACANT_READERS_PER_MEMBER = 2  # buckets each member reads when there are more members than buckets
 WORKER_PREFIX, OWNED_PREFIX, VACANT_PREFIX = "w#", "own#", "v#"
+REGISTRATION_PREFIX = "reg#"  # registered shards, by the top 8 bits of their ring point
+_RING_BITS = 64  # the standby ring's points (core.standby_ring.point)
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet's ids, hashed once each
@@ -119,3 +121,40 @@ def bucket_readers(
         return ()
     slots = max(buckets, per_member * len(order))
     return tuple(sorted({order[slot % len(order)] for slot in range(number, slots, buckets)}))
+
+
+# --- registered shards, by their place on the standby ring -------------------------------------
+
+
+def registration_key(ring_point: int) -> str:
+    """The ``fleet`` value of a registered shard's registration item: 256 keys, by the top 8
+    bits of its ring point, so that an arc of the ring is read by few range queries."""
+    return f"{REGISTRATION_PREFIX}{ring_point >> (_RING_BITS - 8):02x}"
+
+
+def registration_spot(ring_point: int) -> str:
+    """Its ``spot``: the point as fixed-width hex, so the text order is the ring's order."""
+    return f"{ring_point:016x}"
+
+
+def registration_reads(start: int, end: int) -> list[tuple[str, str, str]]:
+    """The range queries that list the registered shards whose ring point lies in ``[start,
+    end)`` (wrapping past the top; ``start == end``: the whole ring), as (key, lowest spot,
+    highest spot), both inclusive: one per registration key the arc touches."""
+    top = 1 << _RING_BITS
+    spans = [(start, end)] if start < end else [(start, top), (0, end)]
+    reads = []
+    for low, high in spans:
+        if low >= high:
+            continue
+        shift = _RING_BITS - 8
+        for number in range(low >> shift, ((high - 1) >> shift) + 1):
+            first, last = max(low, number << shift), min(high - 1, ((number + 1) << shift) - 1)
+            reads.append(
+                (
+                    f"{REGISTRATION_PREFIX}{number:02x}",
+                    registration_spot(first),
+                    registration_spot(last),
+                )
+            )
+    return reads

@@ -82,10 +82,24 @@ class Ring:
         if len(self.members) <= self.k + 1:
             return frozenset(self._sids)  # every member is a candidate of every shard
         found: set[str] = set()
-        for j, owner in enumerate(self._vowners):
-            if owner == me:
-                found.update(self._shards_in(self._arc_start(j, me), self._vpoints[j]))
+        for start, end in self.arcs(me):
+            found.update(self._shards_in(start, end))
         return frozenset(found)
+
+    def arcs(self, me: str) -> tuple[tuple[int, int], ...]:
+        """The ring's stretches ``[start, end)`` (wrapping) whose shards count ``me`` among
+        their candidates: where to read the registered shards it may stand by for
+        (``partition_keys.registration_reads``). The whole ring (``(0, 0)``) when every
+        member is a candidate of every shard."""
+        if me not in self.members:
+            return ()
+        if len(self.members) <= self.k + 1:
+            return ((0, 0),)
+        return tuple(
+            (self._arc_start(j, me), self._vpoints[j])
+            for j, owner in enumerate(self._vowners)
+            if owner == me
+        )
 
     def _arc_start(self, j: int, me: str) -> int:
         """Where the arc of ``me``'s virtual point ``j`` begins: the nearer (walking back) of

@@ -19,6 +19,7 @@ from supervisor.adapters.lease_store.dynamodb.fleet import DynamoFleet
 from supervisor.adapters.lease_store.memory_fleet import MemoryFleet
 from supervisor.core.items import ShardItem, WorkerItem
 from supervisor.core.partition_keys import bucket, spot, start_spot
+from supervisor.core.standby_ring import point
 
 Fleet = MemoryFleet | DynamoFleet
 RACE_ROUNDS = 10
@@ -216,11 +217,11 @@ async def test_a_marker_is_listed_under_the_worker_it_names_only(fleet: Fleet) -
     assert await fleet.want_standby("s1", "w1", 3, "w8")  # the candidates moved: renamed
     assert [m.shard for m in await fleet.wanted_of("w9")] == ["s2"]
     assert [m.shard for m in await fleet.wanted_of("w8")] == ["s1", "s3"]
-    assert await fleet.want_standby("s2", "w1", 1, "")  # let go: removed
+    assert await fleet.want_standby("s2", "w1", 1, "")  # let go: withdrawn
     assert await fleet.wanted_of("w9") == ()
 
 
-async def test_an_earlier_holder_neither_overwrites_nor_removes_a_later_ones_marker(
+async def test_an_earlier_holder_neither_overwrites_nor_withdraws_a_later_ones_marker(
     fleet: Fleet,
 ) -> None:
     assert await fleet.want_standby("s1", "old", 4, "w9")
@@ -230,7 +231,9 @@ async def test_an_earlier_holder_neither_overwrites_nor_removes_a_later_ones_mar
     assert [(m.shard, m.holder, m.epoch) for m in await fleet.wanted_of("w7")] == [("s1", "new", 5)]
     assert await fleet.wanted_of("w9") == ()
     assert await fleet.want_standby("s1", "new", 5, "")
-    assert await fleet.want_standby("s1", "new", 5, "")  # nothing left to remove: fine
+    assert await fleet.want_standby("s1", "new", 5, "")  # nothing left to withdraw: fine
+    assert not await fleet.want_standby("s1", "old", 4, "w9")  # withdrawn, its epoch stands
+    assert await fleet.wanted_of("w9") == () and await fleet.wanted_of("w7") == ()
 
 
 async def test_markers_are_invisible_to_protocol_1(store: LeaseStore, fleet: Fleet) -> None:
@@ -239,6 +242,39 @@ async def test_markers_are_invisible_to_protocol_1(store: LeaseStore, fleet: Fle
     snapshot = await store.snapshot()
     assert [s.id for s in snapshot.shards] == ["s1"] and snapshot.workers == ()
     assert [v.id for v in (await store.vacancies()).shards] == ["s1"]
+
+
+# --- registered shards, read per arc of the standby ring ---------------------------------------
+
+
+async def test_registered_shards_are_read_per_arc_of_the_ring(
+    store: LeaseStore, fleet: Fleet
+) -> None:
+    """`shards add` and `remove` (protocol 1's writes) keep the registration items and the
+    meta item's counters true; a stretch of the ring lists exactly the registered shards
+    whose point lies in it, across registration keys and past the top of the ring."""
+    ids = [f"r{i:02d}" for i in range(24)]
+    for shard_id in ids:
+        await store.add_shard(shard_id, '{"streams": []}', 1.0)
+    await store.ensure_shard("toml")  # a configured shard: no registration item
+    await store.retire_shard("r00", 2.0)
+    await store.add_shard("r00", '{"streams": []}', 3.0)  # registered again
+    await store.retire_shard("r01", 4.0)
+    registered = sorted(set(ids) - {"r01"})
+    assert await fleet.read_shardgen() == (27, 23)
+    assert await fleet.registered_in(0, 0) == tuple(registered)  # the whole ring
+    points = sorted((point("s", s), s) for s in registered)
+    (a, _), (b, _) = points[3], points[15]
+    inside = tuple(sorted(s for p, s in points if a <= p < b))
+    assert await fleet.registered_in(a, b) == inside
+    outside = tuple(sorted(s for p, s in points if not a <= p < b))
+    assert await fleet.registered_in(b, a) == outside  # wrapping past the top
+    assert not await fleet.register("r02")  # registered already: counted once
+    assert not await fleet.unregister("r01")
+    assert await fleet.read_shardgen() == (27, 23)
+    snapshot = await store.snapshot()  # protocol 1 never sees a registration item
+    assert sorted(s.id for s in snapshot.shards) == sorted([*ids, "toml"])
+    assert snapshot.workers == ()
 
 
 @pytest.fixture

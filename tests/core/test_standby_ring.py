@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.core.standby_ring import Ring, standbys, stands_by, wants_extra
+from supervisor.core.partition_keys import registration_key, registration_reads, registration_spot
+from supervisor.core.standby_ring import Ring, point, standbys, stands_by, wants_extra
 
 members = st.sets(st.sampled_from([f"w{i}" for i in range(30)]), min_size=1, max_size=12)
 shard_ids = [f"s{i}" for i in range(200)]
@@ -19,6 +20,37 @@ def test_a_worker_is_candidate_for_exactly_the_shards_its_arcs_hold(live, k, vno
         named = {s for s in shard_ids if me in ring.candidates(s)}
         assert ring.candidate_for(me) == named
     assert ring.candidate_for("not-a-member") == frozenset()
+
+
+def listed_by(reads: list[tuple[str, str, str]], shard: str) -> bool:
+    """Whether one of the range queries lists the shard's registration item."""
+    at = point("s", shard)
+    key, spot = registration_key(at), registration_spot(at)
+    return any(key == k and low <= spot <= high for k, low, high in reads)
+
+
+@given(members, st.integers(1, 3), st.integers(1, 4))
+def test_the_range_queries_of_a_workers_arcs_list_exactly_its_candidacies(live, k, vnodes):
+    """Registered shards are read per arc (docs/lease-protocol.md, *Shards nobody lists*):
+    the queries of a worker's arcs list the shards it is a candidate for, and no other."""
+    ring = Ring.build(live, shard_ids, k, vnodes)
+    for me in sorted(live):
+        reads = [r for start, end in ring.arcs(me) for r in registration_reads(start, end)]
+        assert {s for s in shard_ids if listed_by(reads, s)} == ring.candidate_for(me)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_the_range_queries_cover_an_arc_once_in_ring_order(start, end):
+    reads = registration_reads(start, end)
+    keys = [key for key, _, _ in reads]
+    assert len(keys) == len(set(keys)) or start >= end  # a wrapping arc may meet its start key
+    for _key, low, high in reads:
+        assert low <= high and len(low) == len(high) == 16
+    inside = start + (end - start) // 2 if start < end else start
+    assert any(
+        key == registration_key(inside) and low <= registration_spot(inside) <= high
+        for key, low, high in reads
+    )
 
 
 @given(members, st.integers(1, 3))
@@ -69,3 +101,18 @@ def test_each_candidate_decides_alone_what_the_shard_needs(holder, k):
         )
     }
     assert chosen == set(standbys(cands, holder, k))
+
+
+def test_the_range_queries_split_at_key_boundaries_and_wrap():
+    edge = 1 << 56
+    assert registration_reads(edge - 1, edge + 1) == [
+        ("reg#00", f"{edge - 1:016x}", f"{edge - 1:016x}"),
+        ("reg#01", f"{edge:016x}", f"{edge:016x}"),
+    ]
+    top = 2**64
+    assert registration_reads(top - 1, 1) == [
+        ("reg#ff", f"{top - 1:016x}", f"{top - 1:016x}"),
+        ("reg#00", f"{0:016x}", f"{0:016x}"),
+    ]
+    whole = registration_reads(0, 0)  # every member a candidate of every shard
+    assert [key for key, _, _ in whole] == [f"reg#{n:02x}" for n in range(256)]

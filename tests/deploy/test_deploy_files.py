@@ -168,6 +168,9 @@ def store_api_calls() -> dict[str, str]:
     methods = set(re.findall(r"\.request\(\s*[^,()]+,\s*[\"']([a-z_]+)[\"']", source))
     methods |= set(re.findall(r"\bclient\.([a-z_]+)", source)) - NOT_API_CALLS
     methods |= set(re.findall(r"get_(?:paginator|waiter)\(\s*[\"']([a-z_]+)", source))
+    # ... and any item API named in a string, however it reaches ``request`` (a variable).
+    item_apis = r"[\"']((?:batch_|transact_)?(?:put|delete|update|get|write)_items?)[\"']"
+    methods |= set(re.findall(item_apis, source))
     client = botocore.session.get_session().create_client("dynamodb", region_name="us-east-1")
     mapping = client.meta.method_to_api_mapping
     unknown = methods - mapping.keys()

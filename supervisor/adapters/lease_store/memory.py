@@ -111,6 +111,10 @@ class _Table:
     # (their entries in the successor index under "want#<worker>").
     wants: dict[str, tuple[WantMarker, str]] = attrs.field(factory=dict)
     wanted: dict[str, set[str]] = attrs.field(factory=dict)
+    # Registration items (shard -> its ring point), and the meta item's counters of them.
+    registrations: dict[str, int] = attrs.field(factory=dict)
+    shardgen: int = 0
+    registered_count: int = 0
 
     def put_worker(
         self, new: WorkerItem, *, held: int | None = None, mgen: int | None = None
@@ -340,6 +344,7 @@ class MemoryLeaseStore:
                 id=shard_id, owner="", epoch=old.epoch if old else 0, state="registered", spec=spec
             )
         )
+        await self.fleet().register(shard_id)  # protocol 2's registration item, kept true
 
     async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
         table = await self._enter("retire_shard")
@@ -349,6 +354,7 @@ class MemoryLeaseStore:
         new = attrs.evolve(old, retired_at=wall_now, successor="")
         table.put_shard(new)
         table.handoffs.discard(shard_id)
+        await self.fleet().unregister(shard_id)
         return _copy(new)
 
     async def ensure_shard(self, shard_id: str) -> None:

@@ -21,6 +21,7 @@ from supervisor.core import partition_keys as keys
 from supervisor.core.items import ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member, member_of
 from supervisor.core.peer_watch import Seen
+from supervisor.core.standby_ring import point
 
 if TYPE_CHECKING:
     from supervisor.adapters.lease_store.memory import MemoryLeaseStore, _Table
@@ -30,6 +31,7 @@ PAGE = 100  # items per page of an index query
 _MEMBER_BYTES = 120  # a worker's projection in the fleet index
 _ENTRY_BYTES = 90  # a shard's projection in an index
 MARKER_BYTES = 120  # a standby-wanted marker item, and its entry in the successor index
+_REGISTRATION_BYTES = 70  # a registration item, and its entry in the fleet index
 
 
 def _pk(kind: str, name: str) -> str:
@@ -176,22 +178,22 @@ class MemoryFleet:
     # --- standby-wanted markers ----------------------------------------------------------
 
     async def want_standby(self, shard_id: str, holder: str, epoch: int, named: str) -> bool:
-        """The holder's marker naming ``named`` ("" removes it), conditional on no marker of a
-        later epoch (billed all the same, as a failed condition is on DynamoDB)."""
+        """The holder's marker naming ``named`` ("" withdraws it: the item stays, unlisted,
+        with its epoch), conditional on no marker of a later epoch (billed all the same, as
+        a failed condition is on DynamoDB)."""
         table = await self._store._enter("want_standby")
         old = table.wants.get(shard_id)
-        size = MARKER_BYTES if named else 0
-        self.meter.write("want_standby", _pk("want", shard_id), MARKER_BYTES if old else 0, size)
+        self.meter.write(
+            "want_standby", _pk("want", shard_id), MARKER_BYTES if old else 0, MARKER_BYTES
+        )
         if old is not None and old[0].epoch > epoch:
             return False
-        before = old[1] if old else None
+        before = old[1] if old and old[1] else None
         if before is not None:
             table.wanted[before].discard(shard_id)
+        table.wants[shard_id] = (WantMarker(shard_id, holder, epoch), named)
         if named:
-            table.wants[shard_id] = (WantMarker(shard_id, holder, epoch), named)
             table.wanted.setdefault(named, set()).add(shard_id)
-        else:
-            table.wants.pop(shard_id, None)
         if before is not None or named:
             self.meter.index_write(
                 before and f"successor:want#{before}", named and f"successor:want#{named}"
@@ -206,6 +208,55 @@ class MemoryFleet:
             page = found[start : start + PAGE]
             self.meter.query("wanted_of", f"successor:want#{worker_id}", [MARKER_BYTES] * len(page))
         return tuple(found)
+
+    # --- registered shards, by their place on the standby ring ----------------------------
+
+    async def register(self, shard_id: str) -> bool:
+        """The registration item (absent so far), then the meta item's counters."""
+        table = await self._store._enter("register")
+        self.meter.write("register", _pk("reg", shard_id), 0, _REGISTRATION_BYTES)
+        if shard_id in table.registrations:
+            return False
+        at = point("s", shard_id)
+        table.registrations[shard_id] = at
+        self.meter.index_write(None, f"fleet:{keys.registration_key(at)}")
+        self._count_registered("register", 1)
+        return True
+
+    async def unregister(self, shard_id: str) -> bool:
+        table = await self._store._enter("unregister")
+        size = _REGISTRATION_BYTES
+        self.meter.write("unregister", _pk("reg", shard_id), size, size)  # unlisted, kept
+        at = table.registrations.pop(shard_id, None)
+        if at is None:
+            return False
+        self.meter.index_write(f"fleet:{keys.registration_key(at)}", None)
+        self._count_registered("unregister", -1)
+        return True
+
+    def _count_registered(self, op: str, change: int) -> None:
+        self._table.shardgen += 1
+        self._table.registered_count += change
+        self.meter.write(op, META, 60, 60)
+
+    async def read_shardgen(self) -> tuple[int, int]:
+        table = await self._store._enter("read_shardgen")
+        self.meter.get("read_shardgen", META, 60, consistent=False)
+        return table.shardgen, table.registered_count
+
+    async def registered_in(self, start: int, end: int) -> tuple[str, ...]:
+        """One range query per registration key the stretch touches (billed each)."""
+        table = await self._store._enter("registered_in")
+        found: list[str] = []
+        for key, low, high in keys.registration_reads(start, end):
+            here = [
+                shard
+                for shard, at in table.registrations.items()
+                if keys.registration_key(at) == key and low <= keys.registration_spot(at) <= high
+            ]
+            self.meter.query("registered_in", f"fleet:{key}", [_REGISTRATION_BYTES] * len(here))
+            found += here
+        return tuple(sorted(found))
 
     async def ensure_shards(self, shard_ids: list[str]) -> None:
         """Create the missing shard items, vacant: the configured shards at a cold start.

@@ -27,6 +27,7 @@ from supervisor.core import partition_keys as keys
 from supervisor.core.items import ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member
 from supervisor.core.peer_watch import Seen
+from supervisor.core.standby_ring import point
 
 if TYPE_CHECKING:
     from supervisor.adapters.lease_store.dynamodb.store import DynamoLeaseStore
@@ -221,31 +222,30 @@ class DynamoFleet:
 
     async def want_standby(self, shard_id: str, holder: str, epoch: int, named: str) -> bool:
         """The holder's standby-wanted marker for ``shard_id`` naming ``named`` (its (k+1)-th
-        candidate), listed under ``successor = want#<named>``; ``named`` "" removes it. Both
-        are conditional on no marker of a later epoch: a holder that lost the shard can
-        neither overwrite nor remove its successor's. False when that condition failed."""
-        key = t.want_marker_key(shard_id)
-        condition = {
-            "ConditionExpression": "attribute_not_exists(pk) OR #epoch <= :epoch",
-            "ExpressionAttributeNames": {"#epoch": t.EPOCH},
-            "ExpressionAttributeValues": {":epoch": number(epoch)},
+        candidate), listed under ``successor = want#<named>``; ``named`` "" withdraws it (the
+        item stays, unlisted, with the holder's epoch: an UpdateItem, as the IAM policy
+        grants no DeleteItem). Conditional on no marker of a later epoch: a holder that lost
+        the shard can neither overwrite nor withdraw its successor's. False when that
+        condition failed."""
+        values = {
+            ":want": string(t.KIND_WANT),
+            ":id": string(shard_id),
+            ":holder": string(holder),
+            ":epoch": number(epoch),
         }
-        write: dict[str, Any] = {"Key": key}
+        sets = "SET #kind = :want, #id = :id, #owner = :holder, #epoch = :epoch"
         if named:
-            marker = {
-                t.KIND: string(t.KIND_WANT),
-                t.ID: string(shard_id),
-                t.OWNER: string(holder),
-                t.EPOCH: number(epoch),
-                t.SUCCESSOR: string(t.wanted_by(named)),
-            }
-            write = {"Item": {**key, **marker}}
-        api = "put_item" if named else "delete_item"
-        try:
-            await self._db.request("want_standby", api, TableName=self.table, **write, **condition)
-        except LeaseConflict:
-            return False
-        return True
+            expression = f"{sets}, #successor = :named"
+            values[":named"] = string(t.wanted_by(named))
+        else:
+            expression = f"{sets} REMOVE #successor"
+        update = UpdateItem(
+            t.want_marker_key(shard_id),
+            expression,
+            "attribute_not_exists(pk) OR #epoch <= :epoch",
+            values,
+        )
+        return await self._conditional("want_standby", update)
 
     async def wanted_of(self, worker_id: str) -> tuple[WantMarker, ...]:
         """The markers naming ``worker_id`` (``successor = want#<worker>``, paged): the shards
@@ -261,6 +261,73 @@ class DynamoFleet:
             if codec.kind_of(item) == t.KIND_WANT
         )
         return tuple(sorted(found, key=lambda m: m.shard))
+
+    # --- registered shards, by their place on the standby ring ----------------------------
+
+    async def register(self, shard_id: str) -> bool:
+        """The shard's registration item listed (written, or listed again), then ``shardgen``
+        and the count raised on the meta item. False: it was listed already (nothing
+        counted). Two writes, not a transaction: a crash between them leaves the count one
+        short."""
+        at = point("s", shard_id)
+        update = UpdateItem(
+            t.registration_key(shard_id),
+            "SET #kind = :reg, #id = :id, #fleet = :fleet, #spot = :spot",
+            "attribute_not_exists(#fleet)",
+            {
+                ":reg": string(t.KIND_REG),
+                ":id": string(shard_id),
+                ":fleet": string(keys.registration_key(at)),
+                ":spot": string(keys.registration_spot(at)),
+            },
+        )
+        if not await self._conditional("register", update):
+            return False
+        await self._count_registered("register", 1)
+        return True
+
+    async def unregister(self, shard_id: str) -> bool:
+        """The registration item no longer listed (``REMOVE fleet``: the item stays, as the
+        IAM policy grants no DeleteItem), then the meta item's counters moved."""
+        update = UpdateItem(
+            t.registration_key(shard_id), "REMOVE #fleet", "attribute_exists(#fleet)", {}
+        )
+        if not await self._conditional("unregister", update):
+            return False
+        await self._count_registered("unregister", -1)
+        return True
+
+    async def _count_registered(self, op: str, change: int) -> None:
+        update = UpdateItem(
+            t.meta_key(),
+            "ADD #shardgen :one, #registered_count :change",
+            "",
+            {":one": number(1), ":change": number(change)},
+        )
+        await self._update(op, update)
+
+    async def read_shardgen(self) -> tuple[int, int]:
+        """(``shardgen``, how many shards are registered), eventually consistent."""
+        names = (t.SHARDGEN, t.REGISTERED_COUNT)
+        item = await self._get("read_shardgen", t.meta_key(), names, False)
+        return codec.read_int(item, t.SHARDGEN), codec.read_int(item, t.REGISTERED_COUNT)
+
+    async def registered_in(self, start: int, end: int) -> tuple[str, ...]:
+        """The registered shards whose ring point lies in ``[start, end)`` (wrapping): one
+        range query per registration key the stretch touches, paged."""
+        found: list[str] = []
+        for key, low, high in keys.registration_reads(start, end):
+            items = await self._store.query_index(
+                "registered_in",
+                admin.FLEET_INDEX,
+                t.FLEET,
+                key,
+                limit=PAGE,
+                sort="#spot BETWEEN :low AND :high",
+                sort_values={":low": string(low), ":high": string(high)},
+            )
+            found += (codec.read_str(i, t.ID) for i in items if codec.kind_of(i) == t.KIND_REG)
+        return tuple(sorted(found))
 
     async def ensure_shards(self, shard_ids: list[str]) -> None:
         """Create the missing shard items, vacant: a consistent BatchGetItem of 100 ids finds

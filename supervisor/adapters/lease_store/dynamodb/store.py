@@ -491,6 +491,10 @@ class DynamoLeaseStore:
             },
         )
         await self._update("add_shard", update)
+        # Protocol 2's registration item, kept true by protocol 1's writes as the keys are
+        # (a crash between the two writes leaves it missing: `lease-protocol.md`, *Shards
+        # nobody lists*).
+        await self.fleet().register(shard_id)
 
     async def retire_shard(self, shard_id: str, wall_now: float) -> ShardItem:
         update = UpdateItem(
@@ -501,6 +505,7 @@ class DynamoLeaseStore:
             returns="ALL_NEW",
         )
         response = await self._update("retire_shard", update)
+        await self.fleet().unregister(shard_id)
         return codec.shard_from(response["Attributes"])
 
     # --- make-before-break hand-off (docs/lease-protocol.md) -------------------------------
