@@ -179,6 +179,8 @@ def _cmd_init_table(config: Config, args: argparse.Namespace) -> int:
     print(f"table {table}: {'created' if change.created else 'already exists'}")
     if args.protocol == 2:
         print(f"table {table}: protocol 2's keys written on {change.backfilled} items")
+        if change.registrations:
+            print(f"table {table}: {change.registrations} registration items made to match")
     if change.refused:
         print(
             f"shardvisor: init-table: protocol 2 refused: {len(change.refused)} live worker(s) "

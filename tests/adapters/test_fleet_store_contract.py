@@ -468,6 +468,28 @@ async def test_the_flip_refuses_a_fleet_of_todays_workers_and_backfills_the_keys
 
 
 @dynamo_only
+async def test_the_backfill_makes_the_registration_items_match_the_registered_shards(
+    store: DynamoLeaseStore,
+) -> None:
+    """A `shards add` that crashed between its two writes (r2: no registration item, the
+    count short), a registration left listed for a retired shard (r3): `init-table
+    --protocol 2` lists and unlists them and sets the count to what its scan found."""
+    fleet = store.fleet()
+    for shard_id in ("r1", "r2", "r3"):
+        await store.add_shard(shard_id, '{"streams": []}', 1.0)
+    await store.retire_shard("r3", 2.0)
+    assert await fleet.unregister("r2")  # as if its registration had never been written
+    assert await fleet.register("r3")  # as if its removal had stopped half-way
+    assert await fleet.registered_in(0, 0) == ("r1", "r3")
+    change = await store.set_protocol(2)
+    assert (change.protocol, change.registrations) == (2, 2)  # no worker to refuse: flips
+    assert await fleet.registered_in(0, 0) == ("r1", "r2")
+    shardgen, count = await fleet.read_shardgen()
+    assert count == 2 and shardgen == 7  # 3 adds, 1 retire, our 2 writes above, the repair
+    assert (await store.set_protocol(2)).registrations == 0  # once is enough
+
+
+@dynamo_only
 async def test_the_flip_is_made_when_every_live_worker_advertises_p2(
     store: DynamoLeaseStore,
 ) -> None:

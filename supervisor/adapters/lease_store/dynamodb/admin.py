@@ -28,6 +28,8 @@ from supervisor.adapters.lease_store.base import (
 from supervisor.adapters.lease_store.dynamodb import codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient, TableInUse
 from supervisor.core import partition_keys as keys
+from supervisor.core.items import ShardItem
+from supervisor.core.standby_ring import point
 
 log = logging.getLogger("shardvisor.store")
 
@@ -218,6 +220,7 @@ class ProtocolChange:
     protocol: int  # the protocol the meta item says now
     backfilled: int = 0  # items whose ``fleet``/``spot`` were written
     refused: tuple[str, ...] = ()  # live workers without the feature p2: the flip was refused
+    registrations: int = 0  # registration items listed or unlisted to match the shards
 
 
 async def set_protocol(db: DynamoClient, protocol: int) -> ProtocolChange:
@@ -232,14 +235,14 @@ async def set_protocol(db: DynamoClient, protocol: int) -> ProtocolChange:
         return ProtocolChange(created, protocol)
     for _ in range(FLIP_ATTEMPTS):
         generation, current = await read_meta(db)
-        backfilled, refused = await _backfill(db)
+        backfilled, refused, repaired = await _backfill(db)
         if refused:
-            return ProtocolChange(created, current, backfilled, refused)
+            return ProtocolChange(created, current, backfilled, refused, repaired)
         try:
             await _write_protocol(db, protocol, generation)
         except LeaseConflict:
             continue  # the membership changed while we checked: check again
-        return ProtocolChange(created, protocol, backfilled)
+        return ProtocolChange(created, protocol, backfilled, registrations=repaired)
     raise LeaseConflict(
         f"init-table: the fleet's generation moved during each of {FLIP_ATTEMPTS} checks; "
         "run it again when the fleet is quieter"
@@ -277,25 +280,83 @@ async def _write_protocol(db: DynamoClient, protocol: int, generation: int | Non
     await db.request(OP, "update_item", **update.params(db.table))
 
 
-async def _backfill(db: DynamoClient) -> tuple[int, tuple[str, ...]]:
+async def _backfill(db: DynamoClient) -> tuple[int, tuple[str, ...], int]:
     """One consistent Scan of the table: each worker and shard item gets the ``fleet`` and
     ``spot`` its state calls for (one conditional UpdateItem per item that lacks them, the
-    page's writes at most the client's concurrency at once). Returns how many were written
-    and the live workers (not stopped or dead) that do not advertise p2."""
+    page's writes at most the client's concurrency at once), and the registration items are
+    made to match the registered shards (``_repair_registrations``). Returns how many items
+    were written, the live workers (not stopped or dead) that do not advertise p2, and how
+    many registration items were listed or unlisted."""
     written, refused = 0, []
+    registered: set[str] = set()  # shards with a spec, not retired
+    listed: set[str] = set()  # shards whose registration item is listed
     params: dict[str, Any] = {"TableName": db.table, "ConsistentRead": True}
     while True:
         page = await db.request(OP, "scan", **params)
         items = page.get("Items", [])
         refused += [codec.worker_from(i).id for i in items if _refuses(i)]
+        registered |= {s.id for s in map(codec.shard_from, _shards(items)) if _registered(s)}
+        listed |= {codec.read_str(i, t.ID) for i in items if _listed_registration(i)}
         stale = [item for item in items if _index_keys(item) != _stored_keys(item)]
         async with trio.open_nursery() as nursery:
             for item in stale:
                 nursery.start_soon(_write_keys, db, item)
         written += len(stale)
         if not page.get("LastEvaluatedKey"):
-            return written, tuple(sorted(refused))
+            repaired = await _repair_registrations(db, registered, listed)
+            return written, tuple(sorted(refused)), repaired
         params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def _shards(items: list[Item]) -> list[Item]:
+    return [item for item in items if codec.kind_of(item) == t.KIND_SHARD]
+
+
+def _registered(shard: ShardItem) -> bool:
+    return bool(shard.spec) and not shard.retired_at
+
+
+def _listed_registration(item: Item) -> bool:
+    return codec.kind_of(item) == t.KIND_REG and t.FLEET in item
+
+
+async def _repair_registrations(db: DynamoClient, registered: set[str], listed: set[str]) -> int:
+    """Registration items for the registered shards that lack one (a `shards add` that
+    crashed between its two writes, or one of a version before them), none listed for a
+    shard no longer registered, and the meta item's count set to what the scan found (one
+    more ``shardgen`` when anything changed). A `shards add` racing this scan may leave the
+    count one off until the next run; the count steers balance, never safety."""
+    missing, extra = sorted(registered - listed), sorted(listed - registered)
+    for shard_id in missing:
+        await db.request(OP, "update_item", **registration_update(shard_id).params(db.table))
+    for shard_id in extra:
+        update = UpdateItem(t.registration_key(shard_id), "REMOVE #fleet", "", {})
+        await db.request(OP, "update_item", **update.params(db.table))
+    changed = 1 if missing or extra else 0
+    update = UpdateItem(
+        t.meta_key(),
+        "SET #registered_count = :count ADD #shardgen :changed",
+        "",
+        {":count": number(len(registered)), ":changed": number(changed)},
+    )
+    await db.request(OP, "update_item", **update.params(db.table))
+    return len(missing) + len(extra)
+
+
+def registration_update(shard_id: str, condition: str = "") -> UpdateItem:
+    """List the shard's registration item (``fleet`` and ``spot`` from its ring point)."""
+    at = point("s", shard_id)
+    return UpdateItem(
+        t.registration_key(shard_id),
+        "SET #kind = :reg, #id = :id, #fleet = :fleet, #spot = :spot",
+        condition,
+        {
+            ":reg": string(t.KIND_REG),
+            ":id": string(shard_id),
+            ":fleet": string(keys.registration_key(at)),
+            ":spot": string(keys.registration_spot(at)),
+        },
+    )
 
 
 def _refuses(item: Item) -> bool:
@@ -313,6 +374,8 @@ def _index_keys(item: Item) -> tuple[str | None, str | None]:
         return keys.worker_key(name), keys.spot(name)
     if kind == t.KIND_SHARD:
         return keys.shard_fleet_key(codec.shard_from(item)), keys.spot(name)
+    if kind == t.KIND_REG:
+        return _stored_keys(item)  # its own keys (``_repair_registrations`` lists or unlists)
     return None, None
 
 

@@ -27,7 +27,6 @@ from supervisor.core import partition_keys as keys
 from supervisor.core.items import ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member
 from supervisor.core.peer_watch import Seen
-from supervisor.core.standby_ring import point
 
 if TYPE_CHECKING:
     from supervisor.adapters.lease_store.dynamodb.store import DynamoLeaseStore
@@ -269,18 +268,7 @@ class DynamoFleet:
         and the count raised on the meta item. False: it was listed already (nothing
         counted). Two writes, not a transaction: a crash between them leaves the count one
         short."""
-        at = point("s", shard_id)
-        update = UpdateItem(
-            t.registration_key(shard_id),
-            "SET #kind = :reg, #id = :id, #fleet = :fleet, #spot = :spot",
-            "attribute_not_exists(#fleet)",
-            {
-                ":reg": string(t.KIND_REG),
-                ":id": string(shard_id),
-                ":fleet": string(keys.registration_key(at)),
-                ":spot": string(keys.registration_spot(at)),
-            },
-        )
+        update = admin.registration_update(shard_id, "attribute_not_exists(#fleet)")
         if not await self._conditional("register", update):
             return False
         await self._count_registered("register", 1)
