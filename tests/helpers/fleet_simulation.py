@@ -28,7 +28,8 @@ from supervisor.core.lease import PeerTracker
 from supervisor.core.membership import MembershipView, deal_excess, view_tracker
 from supervisor.core.partition_keys import VACANT_BUCKETS, start_spot, vacant_buckets
 from supervisor.core.peer_watch import WatchBook
-from supervisor.core.planner import fair_targets, plan_round, rendezvous_rank
+from supervisor.core.planner import fair_targets, plan_round
+from supervisor.core.routing import route
 from supervisor.core.standby_ring import Ring, standbys, wants_extra
 from supervisor.core.watch_ring import watched_by
 
@@ -168,15 +169,30 @@ class Simulation:
                 break  # only gone peers or past events left: nothing more this round
 
     async def _route(self, worker: Worker, dead: str) -> None:
-        assert worker.view is not None
-        live = [m for m in worker.view.live() if m != dead]
+        view = worker.view
+        assert view is not None
         addressed = await worker.fleet.addressed_to(dead)  # handed to it, not yet taken
-        for item in (*await worker.fleet.owned_by(dead), *addressed):
-            to = max(live, key=lambda m, s=item.id: rendezvous_rank(m, s))
-            if self.standbys:  # the standby-first rule: its first standby, if live
-                first = standbys(self._candidates_of(worker.view, item.id), dead, self.standbys)
-                to = first[0] if first and first[0] in live else to
-            await worker.fleet.route(item.id, item.owner, item.epoch, to, dead=dead)
+        items = (*await worker.fleet.owned_by(dead), *addressed)
+
+        def first_standby(shard: str) -> str:  # the standby-first rule (with standbys)
+            if not self.standbys:
+                return ""
+            found = standbys(self._candidates_of(view, shard), dead, self.standbys)
+            return found[0] if found else ""
+
+        chosen = route(
+            items,
+            dead=dead,
+            live=view.live(),
+            caps=view.caps(),
+            held={m.id: m.held for m in view.members},
+            first_standby=first_standby,
+        )
+        for item in items:
+            if item.id in chosen:
+                await worker.fleet.route(
+                    item.id, item.owner, item.epoch, chosen[item.id], dead=dead
+                )
 
     async def _poll_and_plan(self, worker: Worker) -> None:
         addressed = await worker.fleet.addressed_to(worker.id)
