@@ -95,6 +95,16 @@ class DeathMarker:
 
 
 @attrs.frozen
+class FleetMeta:
+    """The fleet meta item as one read finds it (protocol 2 reads it every round)."""
+
+    generation: int = 0  # raised by every membership change
+    protocol: int = 1  # 1: compatibility mode; 2: protocol 2
+    shardgen: int = 0  # raised by every `shards add` and `remove`
+    registered_count: int = 0  # shards registered with `shards add`
+
+
+@attrs.frozen
 class WantMarker:
     """A standby-wanted marker (protocol 2): ``holder`` holds ``shard`` at ``epoch`` and names
     the reader as the shard's extra standby (the holder is among its first candidates)."""

@@ -261,7 +261,8 @@ async def test_registered_shards_are_read_per_arc_of_the_ring(
     await store.add_shard("r00", '{"streams": []}', 3.0)  # registered again
     await store.retire_shard("r01", 4.0)
     registered = sorted(set(ids) - {"r01"})
-    assert await fleet.read_shardgen() == (27, 23)
+    meta = await fleet.read_meta()
+    assert (meta.shardgen, meta.registered_count) == (27, 23)
     assert await fleet.registered_in(0, 0) == tuple(registered)  # the whole ring
     points = sorted((point("s", s), s) for s in registered)
     (a, _), (b, _) = points[3], points[15]
@@ -271,7 +272,8 @@ async def test_registered_shards_are_read_per_arc_of_the_ring(
     assert await fleet.registered_in(b, a) == outside  # wrapping past the top
     assert not await fleet.register("r02")  # registered already: counted once
     assert not await fleet.unregister("r01")
-    assert await fleet.read_shardgen() == (27, 23)
+    meta = await fleet.read_meta()
+    assert (meta.generation, meta.protocol, meta.shardgen, meta.registered_count) == (0, 1, 27, 23)
     snapshot = await store.snapshot()  # protocol 1 never sees a registration item
     assert sorted(s.id for s in snapshot.shards) == sorted([*ids, "toml"])
     assert snapshot.workers == ()
@@ -484,8 +486,9 @@ async def test_the_backfill_makes_the_registration_items_match_the_registered_sh
     change = await store.set_protocol(2)
     assert (change.protocol, change.registrations) == (2, 2)  # no worker to refuse: flips
     assert await fleet.registered_in(0, 0) == ("r1", "r2")
-    shardgen, count = await fleet.read_shardgen()
-    assert count == 2 and shardgen == 7  # 3 adds, 1 retire, our 2 writes above, the repair
+    meta = await fleet.read_meta()
+    assert (meta.protocol, meta.registered_count, meta.shardgen) == (2, 2, 7)  # 3 adds,
+    # 1 retire, our 2 writes above, the repair
     assert (await store.set_protocol(2)).registrations == 0  # once is enough
 
 

@@ -44,6 +44,7 @@ OPERATIONS = frozenset(
         "request_drain",
         "request_release",
         "heartbeat",
+        "record_membership",
         "retire_worker",
         "ensure_shard",
         "snapshot",
@@ -70,7 +71,7 @@ OPERATIONS = frozenset(
         "vacancies",
         "clear_handoff_notice",
         # protocol 2 (memory_fleet.py)
-        "read_generation",
+        "read_meta",
         "read_members",
         "watch_read",
         "death_notice",
@@ -79,6 +80,11 @@ OPERATIONS = frozenset(
         "route",
         "vacant_in",
         "ensure_shards",
+        "want_standby",
+        "wanted_of",
+        "register",
+        "unregister",
+        "registered_in",
     }
 )
 

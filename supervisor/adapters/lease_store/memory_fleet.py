@@ -18,7 +18,7 @@ import attrs
 from supervisor.adapters.lease_store.base import LeaseConflict, WorkerIdTaken
 from supervisor.adapters.lease_store.billing import Meter, item_size
 from supervisor.core import partition_keys as keys
-from supervisor.core.items import ShardItem, WantMarker, WorkerItem
+from supervisor.core.items import FleetMeta, ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member, member_of
 from supervisor.core.peer_watch import Seen
 from supervisor.core.standby_ring import point
@@ -51,11 +51,14 @@ class MemoryFleet:
 
     # --- membership -------------------------------------------------------------------------
 
-    async def read_generation(self) -> int:
+    async def read_meta(self) -> FleetMeta:
         """The meta item, eventually consistent (one small GetItem every round)."""
-        table = await self._store._enter("read_generation")
-        self.meter.get("read_generation", META, 40, consistent=False)
-        return table.generation
+        table = await self._store._enter("read_meta")
+        self.meter.get("read_meta", META, 60, consistent=False)
+        return FleetMeta(table.generation, 1, table.shardgen, table.registered_count)
+
+    async def read_generation(self) -> int:
+        return (await self.read_meta()).generation
 
     async def _bump(self) -> int:
         self._table.generation += 1
@@ -238,11 +241,6 @@ class MemoryFleet:
         self._table.shardgen += 1
         self._table.registered_count += change
         self.meter.write(op, META, 60, 60)
-
-    async def read_shardgen(self) -> tuple[int, int]:
-        table = await self._store._enter("read_shardgen")
-        self.meter.get("read_shardgen", META, 60, consistent=False)
-        return table.shardgen, table.registered_count
 
     async def registered_in(self, start: int, end: int) -> tuple[str, ...]:
         """One range query per registration key the stretch touches (billed each)."""

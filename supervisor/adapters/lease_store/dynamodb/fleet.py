@@ -24,7 +24,7 @@ from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
 from supervisor.adapters.lease_store.dynamodb.store import take_update
 from supervisor.core import partition_keys as keys
-from supervisor.core.items import ShardItem, WantMarker, WorkerItem
+from supervisor.core.items import FleetMeta, ShardItem, WantMarker, WorkerItem
 from supervisor.core.membership import Member
 from supervisor.core.peer_watch import Seen
 
@@ -71,10 +71,21 @@ class DynamoFleet:
 
     # --- membership -------------------------------------------------------------------------
 
+    async def read_meta(self) -> FleetMeta:
+        """The meta item, eventually consistent (one small GetItem every round): the
+        generation, the protocol, and the registered shards' counters."""
+        names = (t.GENERATION, t.PROTOCOL, t.SHARDGEN, t.REGISTERED_COUNT)
+        item = await self._get("read_meta", t.meta_key(), names, False)
+        read = codec.read_int
+        return FleetMeta(
+            read(item, t.GENERATION),
+            read(item, t.PROTOCOL) or 1,
+            read(item, t.SHARDGEN),
+            read(item, t.REGISTERED_COUNT),
+        )
+
     async def read_generation(self) -> int:
-        """The meta item, eventually consistent (one small GetItem every round)."""
-        item = await self._get("read_generation", t.meta_key(), (t.GENERATION,), False)
-        return codec.read_int(item, t.GENERATION)
+        return (await self.read_meta()).generation
 
     async def _bump(self, op: str) -> int:
         """``ADD generation 1`` on the meta item (creating it if absent); the new value."""
@@ -293,12 +304,6 @@ class DynamoFleet:
             {":one": number(1), ":change": number(change)},
         )
         await self._update(op, update)
-
-    async def read_shardgen(self) -> tuple[int, int]:
-        """(``shardgen``, how many shards are registered), eventually consistent."""
-        names = (t.SHARDGEN, t.REGISTERED_COUNT)
-        item = await self._get("read_shardgen", t.meta_key(), names, False)
-        return codec.read_int(item, t.SHARDGEN), codec.read_int(item, t.REGISTERED_COUNT)
 
     async def registered_in(self, start: int, end: int) -> tuple[str, ...]:
         """The registered shards whose ring point lies in ``[start, end)`` (wrapping): one
