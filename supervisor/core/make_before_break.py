@@ -28,7 +28,7 @@ from shard_worker.contract.table import (
 from supervisor.core.items import ShardItem
 
 OWNER_POLL = 0.05  # the owner reads the item this often while it waits for the successor
-SUCCESSOR_POLL = 0.02  # the successor reads it this often while it waits for the release
+SUCCESSOR_POLL = 0.01  # the successor reads it this often while it waits for the release
 RELEASE_SLACK = 2.0  # after the stop's grace: the child's SIGTERM grace and the release write
 
 

@@ -178,7 +178,7 @@ def _gap_section(fleets: list[dict[str, Any]]) -> tuple[str, list[SummaryRow]]:
         "\nWhere it goes (supervisors' JSON logs, ms resolution; p50 · p99). On its child's "
         "`stopped` (sent after its last write and its sink's close, not on its exit) the old "
         "owner hands the lease over to its successor in one write (a successor of an older "
-        "version gets a release and takes); the successor reads the shard item every 20 ms "
+        "version gets a release and takes); the successor reads the shard item every 10 ms "
         "while it waits, sees itself owner and promotes its standby with no write of its own. "
         "What remains is the child's stop, then two DynamoDB requests one after another "
         "(hand-over, read), on a machine that also runs both fleets' children, the feeds and "
