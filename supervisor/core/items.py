@@ -84,6 +84,8 @@ class WorkerRead:
 
     generation: int
     workers: tuple[WorkerItem, ...] = ()
+    protocol: int = 1  # the meta item's: 2 once `init-table --protocol 2` flipped the fleet
+    registered_count: int = 0  # shards registered with `shards add` (protocol 2's targets)
 
 
 @attrs.frozen

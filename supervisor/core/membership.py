@@ -51,6 +51,22 @@ def member_of(worker: WorkerItem, *, held: int, mgen: int) -> Member:
     )
 
 
+def worker_of(member: Member) -> WorkerItem:
+    """A listed member as a worker item for the views built on items: what the index shows
+    (state, caps, features), no counter and no session (it judges nothing by counter)."""
+    return WorkerItem(
+        member.id,
+        "",
+        0,
+        member.state,
+        0.0,
+        0.0,
+        max_shards=member.max_shards,
+        max_standbys=member.max_standbys,
+        features=member.features,
+    )
+
+
 def announces(old: Member | None, new: Member) -> bool:
     """Whether going from ``old`` to ``new`` is a membership change (the generation must move):
     a join, a state change, a new cap or feature set; not a change of ``held``."""

@@ -23,10 +23,16 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_HANDOVER, FEATURE_MBB
+from shard_worker.contract.table import (
+    FEATURE_HANDOFF_NOTICE,
+    FEATURE_HANDOVER,
+    FEATURE_MBB,
+    FEATURE_P2,
+)
 from supervisor import exit_codes
 from supervisor.adapters.http_endpoint import Response
 from supervisor.adapters.lease_store.base import (
+    DeclaredDead,
     LeaseConflict,
     LeaseStore,
     LeaseStoreError,
@@ -41,11 +47,13 @@ from supervisor.config.loading import ConfigError
 from supervisor.config.model import Config, ShardConfig
 from supervisor.config.shard_spec import decode_spec
 from supervisor.core import (
+    fleet_round,
     handoff,
     health,
     make_before_break,
     planner,
     round_policy,
+    routing,
     shard_set,
 )
 from supervisor.core.handoff import LeaveReason
@@ -53,6 +61,8 @@ from supervisor.core.health import SupervisorState
 from supervisor.core.items import HandoffRequest, ShardItem, Snapshot, WorkerItem
 from supervisor.core.lease import OwnLease
 from supervisor.core.make_before_break import Adoption
+from supervisor.core.membership import worker_of
+from supervisor.core.partition_keys import VACANT_BUCKETS, start_spot, vacant_buckets
 from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
 from supervisor.drivers.handoff import TAKEN, ShardWatch
@@ -71,6 +81,12 @@ TAKES_AT_ONCE = 8
 MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most a tenth of it)
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
+VACANT_READS_AT_ONCE = 16  # protocol 2: a short worker's vacant buckets, read side by side
+
+
+class ProtocolUnsupported(Exception):
+    """The table runs a protocol this configuration cannot run (exit 78, the message says
+    what to change)."""
 
 
 class Supervisor:
@@ -102,6 +118,15 @@ class Supervisor:
         if hasattr(store, "observer"):
             store.observer = self.metrics.observe_store
         self.watch = ShardWatch(store)  # the hand-offs' shard reads, batched
+        self.fleet = store.fleet()  # protocol 2's requests
+        self.protocol = 1  # the table's, from the meta item (start-up, then every round)
+        self._own_read_at: float | None = None  # protocol 2: our items' last consistent read
+        self._mailbox_seen = 0  # our item's mailbox as of that read
+        self._own_unheld = False  # it showed items of ours we do not run: read again
+        self._short_scan_at = float("-inf")  # protocol 2: when we last read every bucket
+        self._sweep_at = float("-inf")  # protocol 2: our last sweep of dead members' shards
+        self._protocol_refused = False  # a flip to protocol 2 we cannot follow, logged
+        self._unrunnable: dict[str, float] = {}  # listed for us, no definition to run: since
         self.ctx = RunnerContext(
             config,
             worker_id,
@@ -190,8 +215,12 @@ class Supervisor:
         )
         for shard_id in diff.added:
             await self.store.ensure_shard(shard_id)
-        self._shards = dict(diff.shards)
-        if self._snapshot is not None:
+        configured, self._shards = self._shards, dict(diff.shards)
+        if self.protocol == 2:  # registered shards' definitions as learned, not from a scan
+            learned = {s: c for s, c in self._runnable.items() if s not in configured}
+            self._runnable = {**learned, **self._shards}
+            self._unrunnable.clear()
+        elif self._snapshot is not None:
             self._refresh_runnable(self._snapshot)
         else:
             self._runnable = dict(diff.shards)
@@ -215,6 +244,9 @@ class Supervisor:
         except StoreUnavailable as exc:
             log.error("lease store unreachable at start-up: %s", exc)
             return exit_codes.STORE_UNAVAILABLE
+        except ProtocolUnsupported as exc:
+            log.error("%s", exc)
+            return exit_codes.CONFIG
         self.state = SupervisorState.RUNNING
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -258,21 +290,16 @@ class Supervisor:
             log.info("created table %s", self.config.dynamodb.table)
         for shard_id in self._shards:
             await self.store.ensure_shard(shard_id)
+        protocol = (await self.fleet.read_meta()).protocol
+        if protocol >= 2 and self._wants_standbys():
+            raise ProtocolUnsupported(
+                f"table {self.config.dynamodb.table} runs protocol 2, which places no warm "
+                "standbys yet: set [standby] count = 0 and no [[shards]] standbys, or return "
+                "the fleet to protocol 1 (shardvisor init-table --protocol 1)"
+            )
+        self._use_protocol(protocol)
         sent = self.now()
-        wall = self.wall()
-        item = WorkerItem(
-            id=self.worker_id,
-            session=self.session,
-            counter=0,
-            state="running",
-            heartbeat_at=wall,
-            started_at=wall,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            max_shards=self.config.worker.max_shards,
-            max_standbys=self.config.worker.max_standbys,
-            features=frozenset({FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}),
-        )
+        item = self._worker_item()
         await self.store.register_worker(item)
         self._advertised = item.standbys
         self._announced_state = item.state
@@ -287,6 +314,65 @@ class Supervisor:
             len(self._shards),
             extra={"worker": self.worker_id},
         )
+
+    def _worker_item(self) -> WorkerItem:
+        """Our item as registration writes it (the counter goes on from the stored one's)."""
+        wall = self.wall()
+        return WorkerItem(
+            id=self.worker_id,
+            session=self.session,
+            counter=0,
+            state="running",
+            heartbeat_at=wall,
+            started_at=wall,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            max_shards=self.config.worker.max_shards,
+            max_standbys=self.config.worker.max_standbys,
+            features=self._features(),
+        )
+
+    def _wants_standbys(self) -> bool:
+        default = self.config.standby.count
+        return default > 0 or any(s.standby_count(default) > 0 for s in self._shards.values())
+
+    def _features(self) -> frozenset[str]:
+        """What this version does; ``p2`` (it runs protocol 2, so `init-table --protocol 2`
+        may flip the fleet) unless it is configured with standbys, which protocol 2 does not
+        place yet."""
+        features = {FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}
+        return frozenset(features if self._wants_standbys() else features | {FEATURE_P2})
+
+    def _use_protocol(self, protocol: int) -> None:
+        """Switch at a round's boundary when the meta item's ``protocol`` moved (a flip by
+        `init-table --protocol 2`, or its rollback)."""
+        protocol = 2 if protocol >= 2 else 1
+        if protocol == self.protocol:
+            return
+        if protocol == 2 and self._wants_standbys():
+            if not self._protocol_refused:  # once: the flip is refused while we live
+                self._protocol_refused = True
+                log.error(
+                    "the table now runs protocol 2, which places no warm standbys: this "
+                    "worker stays on protocol 1's reads (it did not advertise p2)"
+                )
+            return
+        log.warning("the fleet runs protocol %d from now on", protocol)
+        self.protocol = protocol
+        self.liveness.protocol = protocol
+        self._own_read_at = None  # protocol 2 starts with a consistent read of our items
+        self._scans.invalidate()  # protocol 1 starts with a scan
+
+    async def _rejoin(self, why: str) -> None:
+        """Our item says ``dead`` (protocol 2): a watcher declared us dead while our lease had
+        lapsed. Every child stops; the item is written afresh (``running``, our session) and
+        the change announced; shards come back only through conditional takes."""
+        log.error("%s: stopping every shard and joining again", why)
+        self._lose_all(why)
+        await self.store.register_worker(self._worker_item())
+        self._advertised, self._announced_state, self._advertised_held = (), "running", 0
+        self._own_read_at = None
+        await self._announce_own("rejoin")
 
     # --- loops ---------------------------------------------------------------------------------
 
@@ -311,7 +397,13 @@ class Supervisor:
                     return
                 with trio.fail_after(self.config.lease.duration / 2):
                     await self.store.heartbeat(
-                        self.worker_id, self.session, state, self.wall(), standbys, held
+                        self.worker_id,
+                        self.session,
+                        state,
+                        self.wall(),
+                        standbys,
+                        held,
+                        not_dead=self.protocol == 2,
                     )
                 self._advertised = ready
                 self._advertised_held = count
@@ -322,6 +414,14 @@ class Supervisor:
             log.warning("heartbeat failed: %s", str(exc) or "timed out")
             self.metrics.heartbeat_failures.inc()
             self.heartbeat_problem = str(exc) or "timed out"
+            return
+        except DeclaredDead:
+            try:
+                with trio.fail_after(self.config.lease.duration / 2):
+                    await self._rejoin("our item says we were declared dead")
+            except (LeaseStoreError, trio.TooSlowError) as exc:
+                log.warning("could not join again: %s (next heartbeat)", str(exc) or "timeout")
+            self.heartbeat_problem = "declared dead; joining again"
             return
         except WorkerIdTaken:
             log.error(
@@ -411,14 +511,28 @@ class Supervisor:
             await self.liveness.next_round(self.config.lease.reconcile_interval)
 
     async def _reconcile_once(self) -> None:
-        """One round. Reads the worker items and the vacant shards; scans the whole table only
-        when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
-        workers, listing = await both(self.liveness.read_members, self.store.vacancies)
+        """One round: observe (protocol 1: the workers, the vacancies, now and then the whole
+        table; protocol 2: what concerns this worker), then plan and act alike."""
+        if self.protocol == 2:
+            snapshot, requests, scan, shard_count = await self._observe_fleet()
+        else:
+            snapshot, requests, scan = await self._observe_table()
+            shard_count = None
+        read = self.liveness.last_read
+        if read is not None:
+            self._use_protocol(read.protocol)  # a flip (or its rollback) from the next round
         now = self.now()
         for runner in self.runners.values():
             successor = runner.handing_off_to
             if successor and not self.tracker.is_live_member(successor, now):
                 runner.successor_left()  # it will not answer: fall back now, not at the timeout
+        await self._plan_and_act(snapshot, requests, scan, shard_count)
+
+    async def _observe_table(self) -> tuple[Snapshot, tuple[HandoffRequest, ...], bool]:
+        """Protocol 1: reads the worker items and the vacant shards; scans the whole table only
+        when ``round_policy.ScanSchedule`` says so: a steady fleet reads O(workers) per round."""
+        workers, listing = await both(self.liveness.read_members, self.store.vacancies)
+        now = self.now()
         vacant = listing.shards
         scan = self._scans.due(self._signature(workers, vacant, now), now)
         if scan:
@@ -442,6 +556,16 @@ class Supervisor:
             snapshot = attrs.evolve(self._snapshot, workers=workers)
         self._snapshot = snapshot
         self._scans.saw(self._signature(workers, vacant, now))
+        return snapshot, listing.requests, scan
+
+    async def _plan_and_act(
+        self,
+        snapshot: Snapshot,
+        requests: Sequence[HandoffRequest],
+        scan: bool,
+        shard_count: int | None,
+    ) -> None:
+        now = self.now()
         draining = self.operator_drain
         self._apply_operator_requests(snapshot, now)
         if self.operator_drain != draining:
@@ -467,6 +591,7 @@ class Supervisor:
             peer_caps={w.id: w.max_shards for w in snapshot.workers},
             standby_claims=priority.claims,
             standby_waiting=priority.waiting,
+            shard_count=shard_count,
         )
         warm = round_policy.warmed_up(now, self._registered_at, self.config.lease.duration)
         actions = round_policy.act_on_plan(
@@ -474,6 +599,8 @@ class Supervisor:
         )
         for shard_id in await self._confirm_lost(actions.lose):
             self.runners[shard_id].lose("the table shows another owner or epoch")
+        if actions.shed and self.protocol == 2:  # name successors from current counts
+            await self._observe_members(MEMBERS_READ_TIMEOUT)
         successors = self._successors(actions.shed)
         for shard_id in actions.shed:
             log.info("handing off for balance", extra={"shard": shard_id})
@@ -497,8 +624,135 @@ class Supervisor:
         except StoreUnavailable as exc:
             log.debug("standby coverage not read: %s", exc)
         if self.config.lease.handoff_poll_interval == 0 and accepting:
-            await self._answer_handoff_requests(listing.requests)
+            await self._answer_handoff_requests(requests)
         self.notifier.notify(status=self._status_line())
+
+    # --- protocol 2's round ----------------------------------------------------------------------
+
+    async def _observe_fleet(self) -> tuple[Snapshot, tuple[HandoffRequest, ...], bool, int]:
+        """Protocol 2: no scan. The round plans on what concerns us (``core.fleet_round``): the
+        shards we run, those addressed to us, a page of our vacant buckets while we are short
+        of our target, and our own items read strongly consistently when our mailbox moved
+        (``release``, ``shards remove``), at the first round and every ``OWN_BACKSTOP``; the
+        targets count the fleet's shards (the configured ones and the meta item's count of
+        registered ones)."""
+        workers = await self.liveness.read_members()
+        read = self.liveness.last_read
+        members = self.liveness.members
+        me, now = self.worker_id, self.now()
+        own = next((w for w in workers if w.id == me), None)
+        mailbox = own.mailbox if own is not None else 0
+        held = {sid: r.epoch for sid, r in self.runners.items() if r.state.holds_lease}
+        consistent: dict[str, ShardItem] = {}
+        if fleet_round.own_read_due(
+            read_at=self._own_read_at,
+            mailbox_seen=self._mailbox_seen,
+            mailbox=mailbox,
+            now=now,
+            backstop=fleet_round.OWN_BACKSTOP,
+            unheld=self._own_unheld,
+        ):
+            listed = await self.fleet.owned_by(me)
+            consistent = await self.store.read_shards({*held, *(item.id for item in listed)})
+            self._own_read_at, self._mailbox_seen = now, mailbox
+            self._own_unheld = any(
+                item.owner == me and sid not in held for sid, item in consistent.items()
+            )
+        addressed = await self.fleet.addressed_to(me)
+        shard_count = len(self._shards) + (read.registered_count if read is not None else 0)
+        vacant: list[ShardItem] = []
+        if self._accepting(now):
+            cap = self.config.worker.max_shards
+            target = fleet_round.targets(members, shard_count, me, cap, True).get(me, 0)
+            if len(held) + len(self._taking) < target:
+                vacant = await self._read_vacant(members, now, bool(addressed))
+        await self._learn_definitions([*consistent.values(), *addressed, *vacant])
+        shards = fleet_round.shard_view(
+            vacant=vacant, addressed=addressed, held=held, me=me, consistent=consistent
+        )
+        self._snapshot = Snapshot(workers=workers, shards=shards)
+        busy = self.runners.keys() | self._taking
+        requests = fleet_round.poll_actions(addressed, me, self._runnable, busy).requests
+        await self._sweep(now)
+        return self._snapshot, requests, bool(consistent), shard_count
+
+    async def _read_vacant(self, members, now: float, addressed: bool) -> list[ShardItem]:
+        """Our vacant buckets (dealt alike by every member from the view), each read from our
+        own starting point; still short with nothing found and nothing addressed to us, every
+        bucket at most once a lease (a shard left in a bucket whose readers are full)."""
+        live = [m.id for m in members if m.state == "running"]
+        turn = int(now / self.config.lease.reconcile_interval)
+        found = await self._read_buckets(vacant_buckets(self.worker_id, live), turn)
+        if not found and not addressed and now - self._short_scan_at >= self.config.lease.duration:
+            self._short_scan_at = now
+            found = await self._read_buckets(range(VACANT_BUCKETS), turn)
+        return list({item.id: item for item in found}.values())
+
+    async def _read_buckets(self, numbers, turn: int) -> list[ShardItem]:
+        found: list[ShardItem] = []
+        limiter = trio.CapacityLimiter(VACANT_READS_AT_ONCE)
+
+        async def read(number: int) -> None:
+            async with limiter:
+                found.extend(
+                    await self.fleet.vacant_in(number, start_spot(self.worker_id, number, turn))
+                )
+
+        async with trio.open_nursery() as nursery:
+            for number in numbers:
+                nursery.start_soon(read, number)
+        return found
+
+    async def _learn_definitions(self, items: Sequence[ShardItem]) -> None:
+        """The definitions of registered shards listed for us that we do not know yet (`shards
+        add` writes them on the shard item, which no index projects): one consistent read of
+        those items. A shard with no definition we can run is looked at again after a while
+        (it may be registered again)."""
+        now = self.now()
+        forget = self.config.lease.duration * 6
+        self._unrunnable = {s: at for s, at in self._unrunnable.items() if now - at < forget}
+        unknown = {
+            item.id: item
+            for item in items
+            if item.id not in self._runnable and item.id not in self._unrunnable
+        }
+        if not unknown:
+            return
+        found = dict(unknown)
+        missing = [sid for sid, item in unknown.items() if not item.spec]
+        if missing:
+            found.update(await self.store.read_shards(missing))
+        for shard_id in sorted(unknown):
+            item = found.get(shard_id)
+            if item is None or not item.spec or item.retired_at:
+                self._unrunnable[shard_id] = now
+                continue
+            try:
+                self._runnable[shard_id] = decode_spec(shard_id, item.spec)
+            except ConfigError as exc:
+                self._unrunnable[shard_id] = now
+                if self._spec_reports.first_time(shard_id, item.spec):
+                    log.error(
+                        "registered shard %s has an invalid spec, not running it: %s",
+                        shard_id,
+                        "; ".join(exc.problems),
+                    )
+
+    async def _sweep(self, now: float) -> None:
+        """Protocol 2's backstop: one member per period (``routing.sweeper``, alike from the
+        same view) routes the shards still owned by members that are gone (a death whose
+        watchers died too, a drain that overran): ``Liveness.route``, which confirms each is
+        still gone before it writes."""
+        members = self.liveness.members
+        live = [m.id for m in members if m.state == "running"]
+        if now - self._sweep_at < routing.SWEEP_PERIOD:
+            return
+        if routing.sweeper(live, self.wall()) != self.worker_id:
+            return
+        self._sweep_at = now
+        for member in members:
+            if member.state in ("stopped", "dead") and member.id != self.worker_id:
+                await self.liveness.route(member.id, unrouted_only=True)
 
     async def _confirm_lost(self, shard_ids: Sequence[str]) -> list[str]:
         """The shards the scan showed lost that a strongly consistent read confirms: owned by
@@ -584,16 +838,35 @@ class Supervisor:
             if not self._accepting(self.now()):
                 continue
             try:
-                listing = await self.store.vacancies()
+                if self.protocol == 2:
+                    await self._poll_fleet()
+                else:
+                    await self._poll_table()
             except StoreUnavailable as exc:
                 log.debug("hand-off poll skipped: %s", exc)
-                continue
-            self.liveness.deaths_listed(listing.deaths)  # a round now, if a peer died
-            for shard in round_policy.handoff_takes(listing.shards, self.worker_id, self._runnable):
-                # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
-                if self._accepting(self.now()):
-                    await self._take(shard.id, "", shard.epoch)
-            await self._answer_handoff_requests(listing.requests)
+
+    async def _poll_table(self) -> None:
+        """Protocol 1: the ``vacant`` roster lists vacant shards, notices and death markers."""
+        listing = await self.store.vacancies()
+        self.liveness.deaths_listed(listing.deaths)  # a round now, if a peer died
+        for shard in round_policy.handoff_takes(listing.shards, self.worker_id, self._runnable):
+            # Checked per take: a SIGTERM or drain may arrive while a take is in flight.
+            if self._accepting(self.now()):
+                await self._take(shard.id, "", shard.epoch)
+        await self._answer_handoff_requests(listing.requests)
+
+    async def _poll_fleet(self) -> None:
+        """Protocol 2: ``successor = <me>`` lists what is addressed to us alone: shards
+        released to us, a dead owner's shards routed to us, make-before-break requests."""
+        addressed = await self.fleet.addressed_to(self.worker_id)
+        await self._learn_definitions(addressed)
+        busy = self.runners.keys() | self._taking
+        actions = fleet_round.poll_actions(addressed, self.worker_id, self._runnable, busy)
+        for take in actions.takes:
+            now = self.now()
+            if self._accepting(now) and self.lease.is_valid(now):  # checked per take
+                await self._take(take.shard_id, take.expected_owner, take.expected_epoch)
+        await self._answer_handoff_requests(actions.requests)
 
     async def _answer_handoff_requests(self, noticed: Sequence[HandoffRequest]) -> None:
         """Make-before-break requests naming us, found by their notices (and, while a peer of
@@ -682,6 +955,19 @@ class Supervisor:
         log.info("handed over to us while we stop taking: released at once", extra=extra)
 
     def _successors(self, shard_ids: Sequence[str]) -> dict[str, str]:
+        if self.protocol == 2:
+            read = self.liveness.last_read
+            registered = read.registered_count if read is not None else 0
+            holding = sum(1 for runner in self.runners.values() if runner.state.holds_lease)
+            return fleet_round.successors(
+                shard_ids,
+                me=self.worker_id,
+                members=self.liveness.members,
+                holding=holding,
+                shard_count=len(self._shards) + registered,
+                accepting=self._accepting(self.now()),
+                my_cap=self.config.worker.max_shards,
+            )
         snapshot = self._snapshot
         return handoff.successors(
             shard_ids,
@@ -831,11 +1117,16 @@ class Supervisor:
         Bounded; if the read fails or is late, the last round's view stands."""
         with trio.move_on_after(timeout):
             try:
-                workers = await self.store.read_workers()
+                if self.protocol == 2:  # the member list (the counts deal_excess needs)
+                    self.liveness.members = await self.fleet.read_members()
+                    workers = tuple(worker_of(m) for m in self.liveness.members)
+                else:
+                    workers = await self.store.read_workers()
             except StoreUnavailable as exc:
-                log.warning("drain: names successors from the last round's view: %s", exc)
+                log.warning("names successors from the last round's view: %s", exc)
                 return
-            self.tracker.observe(workers, self.now())
+            if self.protocol != 2:  # a listed member shows no counter: the tracker keeps its own
+                self.tracker.observe(workers, self.now())
             if self._snapshot is not None:
                 self._snapshot = attrs.evolve(self._snapshot, workers=workers)
 

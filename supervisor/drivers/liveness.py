@@ -13,7 +13,7 @@ supervisor's clock. docs/lease-protocol.md, *Liveness*.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import attrs
 import trio
@@ -21,10 +21,10 @@ import trio
 from supervisor.adapters.lease_store.base import LeaseStore, LeaseStoreError, StoreUnavailable
 from supervisor.adapters.metrics import Metrics
 from supervisor.config.model import LeaseConfig
-from supervisor.core import peer_watch, round_policy, watch_ring
-from supervisor.core.items import DeathMarker, WorkerItem
+from supervisor.core import peer_watch, round_policy, routing, watch_ring
+from supervisor.core.items import DeathMarker, WorkerItem, WorkerRead
 from supervisor.core.lease import PeerTracker
-from supervisor.core.membership import MEMBERSHIP_REFRESH, RosterView
+from supervisor.core.membership import MEMBERSHIP_REFRESH, Member, RosterView, worker_of
 from supervisor.drivers.together import both
 
 log = logging.getLogger("shardvisor.supervisor")
@@ -64,6 +64,13 @@ class Liveness:
         self._suspects: dict[str, str] = {}  # a watched peer's state our view lacks
         self._markers: set[str] = set()  # death markers we listed and will clear
         self._nursery: trio.Nursery | None = None
+        # The table's protocol (the daemon sets it from the meta item each round), the
+        # round's last consistent read, and protocol 2's member list as last read.
+        self.protocol = 1
+        self.last_read: WorkerRead | None = None
+        self.members: tuple[Member, ...] = ()
+        self._reread_for: int | None = None  # a generation whose member list is read again
+        self.fleet = store.fleet()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The watch reads, and a nursery for the notices and markers rounds start."""
@@ -88,19 +95,32 @@ class Liveness:
             for peer in watched
             if peer not in self._judged or self.tracker.due_at(peer) <= horizon
         }
-        ids, fresh = await both(  # the roster's ids and the consistent read, side by side
-            self.store.worker_ids,
-            lambda: self.store.read_worker_items({self.worker_id, *confirm}),
-        )
-        listed = set(ids)
-        fresh = attrs.evolve(fresh, workers=tuple(w for w in fresh.workers if w.id in listed))
+        if self.protocol == 2:  # no roster: the member list when the generation moved
+            fresh = await self.store.read_worker_items({self.worker_id, *confirm})
+            ids: Collection[str] = view.ids if view is not None else ()
+        else:
+            ids, fresh = await both(  # the roster's ids and the consistent read, side by side
+                self.store.worker_ids,
+                lambda: self.store.read_worker_items({self.worker_id, *confirm}),
+            )
+            listed = set(ids)
+            fresh = attrs.evolve(fresh, workers=tuple(w for w in fresh.workers if w.id in listed))
+        self.last_read = fresh
         now = self.now()
-        if view is None or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH):
+        if (
+            view is None
+            or view.needs_full(fresh.generation, ids, now, MEMBERSHIP_REFRESH)
+            or self._reread_for == fresh.generation
+        ):
             # Recorded for the generation read *before* it: every change is written first
             # and announced after, so this read holds every change that generation counts.
-            everyone = await self.store.read_worker_items(ids)
+            if self.protocol == 2:
+                everyone = await self._read_member_list(fresh, watched)
+            else:
+                everyone = await self.store.read_worker_items(ids)
             now = self.now()
             generation = fresh.generation if view is not None else -1  # -1: read again
+            ids = [worker.id for worker in everyone.workers]
             view = RosterView.full(generation, ids, everyone.workers, now)
             fresh = everyone
             self._announced.clear()
@@ -131,11 +151,13 @@ class Liveness:
         self.item_read_at.update((worker.id, now) for worker in fresh.workers)
         # Judged by counter: the peers we watch, once a strongly consistent read backs their
         # counter (a peer the ring gave us only now is read this round or the next).
-        read = {worker.id for worker in fresh.workers}
+        read = {worker.id for worker in fresh.workers if worker.session}  # not a listed one
         judged = set(watch_ring.watched_by(self.worker_id, view.on_ring())) & (self._judged | read)
         self._judged = judged
         self.tracker.watch(judged)
-        self.tracker.observe(fresh.workers, now)
+        # A listed item (protocol 2's member list) shows no counter: it tells the state of a
+        # peer we do not judge by counter, and nothing about one we do.
+        self.tracker.observe((w for w in fresh.workers if w.session or w.id not in judged), now)
         if set(self.book.clocks) != judged:  # its own reads find each new peer's rhythm
             self.book.watch(judged)
             self._ring_moved.set()
@@ -151,6 +173,25 @@ class Liveness:
                 assert self._nursery is not None, "Liveness.run is not running"
                 self._nursery.start_soon(self._declare_dead, worker)
         return view.workers
+
+    async def _read_member_list(self, fresh: WorkerRead, watched: set[str]) -> WorkerRead:
+        """Protocol 2: the member list from the ``fleet`` index (64 small queries), with our
+        own item and the watched peers' as read strongly consistently (a listed item has no
+        counter). A list whose highest ``mgen`` is below the generation may miss a change
+        still on its way to the index: read once more at the next round, once."""
+        members = await self.fleet.read_members()
+        read = {worker.id: worker for worker in fresh.workers}
+        unread = watched - read.keys()
+        if unread:
+            more = await self.store.read_worker_items(unread)
+            read.update((worker.id, worker) for worker in more.workers)
+        self.members = members
+        complete = max((m.mgen for m in members), default=0) >= fresh.generation
+        retried = self._reread_for == fresh.generation
+        self._reread_for = None if complete or retried else fresh.generation
+        listed = {m.id: read.get(m.id) or worker_of(m) for m in members}
+        listed.update((w, item) for w, item in read.items() if w == self.worker_id)
+        return attrs.evolve(fresh, workers=tuple(listed[w] for w in sorted(listed)))
 
     def deaths_listed(self, deaths: Sequence[DeathMarker]) -> None:
         """The hand-off poll's listing: a death marker newer than our view wakes the round."""
@@ -237,8 +278,58 @@ class Liveness:
                 extra={"worker": worker.id},
             )
             generation = await self.announce("death")  # after the write: peers read the table
-            if generation is not None:
+            if self.protocol == 2:
+                await self.route(worker.id)
+            elif generation is not None:
                 await self._mark_death(worker.id, generation)
+
+    async def route(self, dead: str, *, unrouted_only: bool = False) -> int:
+        """Protocol 2: name a successor on each of a gone worker's shards (owned by it, or
+        addressed to it and not taken), conditional on the owner and epoch listed; the named
+        worker's hand-off poll takes it. ``core.routing.route`` chooses from our view: the
+        highest-ranked live member with room (protocol 2 places no standbys yet).
+
+        Listed first, then the worker read strongly consistently: only if it is still gone
+        (``dead`` or ``stopped``) is anything routed. A worker that joined again in between
+        may have taken shards at a new epoch; those the listing missed, and what it listed
+        at an older epoch no routing write can match. So a live owner's shard is never
+        routed. ``unrouted_only``: the sweeper's pass (a shard named for someone stays
+        theirs). The number routed; both watchers may route, the writes are conditional."""
+        try:
+            with trio.fail_after(self.lease.reconcile_interval):
+                owned, addressed = await both(
+                    lambda: self.fleet.owned_by(dead), lambda: self.fleet.addressed_to(dead)
+                )
+                # Addressed to it: released to it (unowned), or routed to it (owned, no
+                # hand-off stage); a live owner's make-before-break request is not ours.
+                items = [*owned, *(i for i in addressed if not i.owner or not i.handoff_stage)]
+                if unrouted_only:
+                    items = [item for item in items if not item.successor]
+                if not items:
+                    return 0
+                seen = await self.fleet.watch_read(dead, consistent=True)
+                if seen is not None and seen.state not in peer_watch.GONE_STATES:
+                    log.info("%s is back (%s): its shards are its own again", dead, seen.state)
+                    return 0
+                live = [m.id for m in self.members if m.state == "running" and m.id != dead]
+                chosen = routing.route(
+                    items,
+                    dead=dead,
+                    live=live,
+                    caps={m.id: m.max_shards for m in self.members if m.max_shards},
+                    held={m.id: m.held for m in self.members},
+                )
+                routed = 0
+                for item in items:
+                    if item.id in chosen and await self.fleet.route(
+                        item.id, item.owner, item.epoch, chosen[item.id], dead=dead
+                    ):
+                        routed += 1
+        except (LeaseStoreError, trio.TooSlowError) as exc:
+            log.warning("shards of %s not routed: %s", dead, str(exc) or "timeout")
+            return 0
+        log.info("routed %d of %d shards of %s", routed, len(items), dead)
+        return routed
 
     async def _mark_death(self, worker_id: str, generation: int) -> None:
         """List a death marker for a few rounds: every worker's hand-off poll (250 ms) sees it

@@ -507,10 +507,14 @@ class SlowHeartbeats(MemoryLeaseStore):
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
         held: int | None = None,
+        *,
+        not_dead: bool = False,
     ) -> int:
         with trio.CancelScope(shield=True):
             await trio.sleep(self.delay)
-            return await super().heartbeat(worker_id, session, state, wall_now, standbys, held)
+            return await super().heartbeat(
+                worker_id, session, state, wall_now, standbys, held, not_dead=not_dead
+            )
 
 
 async def test_a_heartbeat_in_flight_never_lands_after_the_drain_marked_us_stopped(autojump_clock):

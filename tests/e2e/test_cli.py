@@ -164,21 +164,22 @@ def test_init_table_without_protocol_makes_todays_table(tmp_path, ddb_url, table
     assert _table(ddb_url, table_name)[0] == {"roster", "fleet", "successor"}
 
 
-async def test_init_table_protocol_2_refuses_a_fleet_of_todays_workers(
+async def test_init_table_protocol_2_refuses_a_fleet_with_a_worker_that_cannot_run_it(
     tmp_path, ddb_url, table_name, nursery
 ):
-    """Real supervisors of this version (which do not run protocol 2, so do not advertise
-    p2): the flip is refused with exit 76 naming them, the keys are backfilled all the same,
-    and the table stays at protocol 1."""
+    """Real supervisors: w1 advertises p2; w2 is configured with warm standbys, which
+    protocol 2 does not place yet, so it does not. The flip is refused with exit 76 naming w2
+    alone, the keys are backfilled all the same, and the table stays at protocol 1."""
     await DynamoLeaseStore(table_name, "us-east-1", ddb_url).ensure_table(True, protocol=2)
     async with running_fleet(nursery, tmp_path, ddb_url, table_name, SHARDS, rate=50.0) as fleet:
-        for worker in ("w1", "w2"):
-            await fleet.start(worker)
+        await fleet.start("w1")
+        fleet.overrides["standby"] = {"count": 1}
+        await fleet.start("w2")
         for worker in ("w1", "w2"):
             await fleet.wait_registered(worker, timeout=30)
         code, out = await cli(fleet, "init-table", "--protocol", "2")
         assert code == exit_codes.FLEET_NOT_READY, out
-        assert "do not advertise the feature p2: w1, w2" in out and "Traceback" not in out
+        assert "do not advertise the feature p2: w2" in out and "Traceback" not in out
         _, meta = await trio.to_thread.run_sync(_table, ddb_url, table_name)
         assert meta["protocol"] == {"N": "1"}
         members = await fleet.store.fleet().read_members()

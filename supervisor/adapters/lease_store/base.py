@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from supervisor.core.items import (
+    FleetMeta,
     HandoffRequest,
     ShardItem,
     Snapshot,
@@ -19,6 +20,7 @@ from supervisor.core.items import (
     WorkerItem,
     WorkerRead,
 )
+from supervisor.core.membership import Member
 from supervisor.core.peer_watch import Seen
 
 
@@ -38,11 +40,40 @@ class WorkerIdTaken(LeaseStoreError):
     """Our worker item now carries another session: a second process runs with our worker id."""
 
 
+class DeclaredDead(LeaseConflict):
+    """Protocol 2: our heartbeat found our item ``dead`` (a watcher's death notice): our
+    lease had lapsed; we drop every shard and join again."""
+
+
 class TableMissing(LeaseStoreError):
     """The table does not exist (and this call does not create it)."""
 
 
+class FleetRequests(Protocol):
+    """Protocol 2's requests the daemon makes (``LeaseStore.fleet()``; both stores)."""
+
+    async def read_meta(self) -> FleetMeta: ...
+
+    async def read_members(self) -> tuple[Member, ...]: ...
+
+    async def watch_read(self, worker_id: str, *, consistent: bool) -> Seen | None: ...
+
+    async def owned_by(self, owner: str) -> tuple[ShardItem, ...]: ...
+
+    async def addressed_to(self, me: str) -> tuple[ShardItem, ...]: ...
+
+    async def vacant_in(self, bucket: int, start: str = "") -> tuple[ShardItem, ...]: ...
+
+    async def route(
+        self, shard_id: str, owner: str, epoch: int, to: str, dead: str | None = None
+    ) -> bool: ...
+
+
 class LeaseStore(Protocol):
+    def fleet(self) -> FleetRequests:
+        """Protocol 2's requests on the same table."""
+        ...
+
     async def ensure_table(self, create: bool) -> bool:
         """Check the table exists; create it (PAY_PER_REQUEST) when ``create``. True if created."""
 
@@ -57,6 +88,8 @@ class LeaseStore(Protocol):
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
         held: int | None = None,
+        *,
+        not_dead: bool = False,
     ) -> int:
         """Counter + 1, conditional on our session. Returns the new counter. ``standbys``
         (the shards whose standby child is ready here) and ``held`` (how many shards we

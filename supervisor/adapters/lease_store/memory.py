@@ -14,6 +14,7 @@ import trio
 
 from shard_worker.contract.table import HANDOFF_READY, HANDOFF_REQUESTED
 from supervisor.adapters.lease_store.base import (
+    DeclaredDead,
     LeaseConflict,
     LeaseStoreError,
     StoreUnavailable,
@@ -106,6 +107,7 @@ class _Table:
     # Protocol 2 (memory_fleet.py): the meta item's generation, the fleet index's worker
     # projections, and the index entries by owner and by successor.
     generation: int = 0
+    protocol: int = 1  # the meta item's (``MemoryLeaseStore.set_protocol``)
     members: dict[str, Member] = attrs.field(factory=dict)
     listed: dict[str, set[str]] = attrs.field(factory=dict)  # fleet index value -> shards
     addressed: dict[str, set[str]] = attrs.field(factory=dict)  # successor -> shards
@@ -239,8 +241,13 @@ class MemoryLeaseStore:
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
         held: int | None = None,
+        *,
+        not_dead: bool = False,
     ) -> int:
         table = await self._enter("heartbeat")
+        old = table.workers.get(worker_id)
+        if not_dead and old is not None and old.session == session and old.state == "dead":
+            raise DeclaredDead(f"worker {worker_id} was declared dead")
         new = self._update_own_worker(table, worker_id, session, state, wall_now)
         if standbys is not None:
             new = attrs.evolve(new, standbys=tuple(sorted(standbys)))
@@ -313,7 +320,13 @@ class MemoryLeaseStore:
     async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
         table = await self._enter("read_worker_items")
         found = sorted(set(worker_ids) & table.workers.keys())
-        return WorkerRead(table.generation, tuple(table.workers[k] for k in found))
+        workers = tuple(table.workers[k] for k in found)
+        return WorkerRead(table.generation, workers, table.protocol, table.registered_count)
+
+    def set_protocol(self, protocol: int) -> None:
+        """The meta item's ``protocol``, as ``init-table --protocol N`` writes it (for tests:
+        the gate's checks are the DynamoDB admin's, tested on both servers)."""
+        self._table.protocol = protocol
 
     async def watch_read(self, worker_id: str) -> Seen | None:
         return await self.fleet().watch_read(worker_id, consistent=False)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from supervisor.adapters.lease_store.base import LeaseConflict, WorkerIdTaken
+from supervisor.adapters.lease_store.base import DeclaredDead, WorkerIdTaken
 from supervisor.adapters.lease_store.billing import Meter, item_size
 from supervisor.core import partition_keys as keys
 from supervisor.core.items import FleetMeta, ShardItem, WantMarker, WorkerItem
@@ -55,7 +55,7 @@ class MemoryFleet:
         """The meta item, eventually consistent (one small GetItem every round)."""
         table = await self._store._enter("read_meta")
         self.meter.get("read_meta", META, 60, consistent=False)
-        return FleetMeta(table.generation, 1, table.shardgen, table.registered_count)
+        return FleetMeta(table.generation, table.protocol, table.shardgen, table.registered_count)
 
     async def read_generation(self) -> int:
         return (await self.read_meta()).generation
@@ -87,7 +87,7 @@ class MemoryFleet:
         if old is None or old.session != session:
             raise WorkerIdTaken(f"worker item {worker_id} no longer carries session {session}")
         if old.state == "dead":
-            raise LeaseConflict(f"worker {worker_id} was declared dead")
+            raise DeclaredDead(f"worker {worker_id} was declared dead")
         table.workers[worker_id] = attrs.evolve(old, counter=old.counter + 1, state=state)
         member = table.members[worker_id]
         if member.state != state:
@@ -287,7 +287,7 @@ class MemoryFleet:
             return False
         if not owner and item.successor != (dead or ""):
             return False
-        self._place(attrs.evolve(item, successor=to))
+        self._place(attrs.evolve(item, successor=to, handoff_stage="", handoff_first={}))
         return True
 
     async def take(

@@ -19,7 +19,12 @@ import trio
 
 from shard_worker.contract import table as t
 from shard_worker.contract.table import Item, UpdateItem, number, shard_key, string, worker_key
-from supervisor.adapters.lease_store.base import LeaseConflict, LeaseStoreError, WorkerIdTaken
+from supervisor.adapters.lease_store.base import (
+    DeclaredDead,
+    LeaseConflict,
+    LeaseStoreError,
+    WorkerIdTaken,
+)
 from supervisor.adapters.lease_store.dynamodb import admin, codec
 from supervisor.adapters.lease_store.dynamodb.client import DynamoClient
 from supervisor.adapters.lease_store.dynamodb.store import take_update
@@ -104,7 +109,7 @@ class DynamoFleet:
     async def heartbeat(self, worker_id: str, session: str, state: str, held: int) -> int:
         """Counter + 1 on ``session AND state <> dead``; a changed state is announced (the
         generation moves, then ``mgen``). WorkerIdTaken if the session is not ours any more,
-        LeaseConflict if we were declared dead."""
+        DeclaredDead (a LeaseConflict) if we were declared dead."""
         update = UpdateItem(
             worker_key(worker_id),
             "SET #counter = #counter + :one, #state = :state, #held = :held",
@@ -121,7 +126,7 @@ class DynamoFleet:
         try:
             old = (await self._update("heartbeat", update))["Attributes"]
         except LeaseConflict as exc:
-            raise await self._refused(worker_id, session) from exc
+            raise await self.refused(worker_id, session) from exc
         if codec.read_str(old, t.STATE) != state:
             generation = await self._bump("heartbeat")
             announce = UpdateItem(
@@ -133,13 +138,13 @@ class DynamoFleet:
             await self._update("heartbeat", announce)
         return codec.read_int(old, t.COUNTER) + 1
 
-    async def _refused(self, worker_id: str, session: str) -> LeaseStoreError:
+    async def refused(self, worker_id: str, session: str) -> LeaseStoreError:
         """Why a heartbeat's condition failed: another session, or a death notice (one
         consistent read, made only when it failed)."""
         item = await self._get("heartbeat", worker_key(worker_id), (t.SESSION, t.STATE), True)
         if codec.read_str(item, t.SESSION) != session:
             return WorkerIdTaken(f"worker item {worker_id} no longer carries session {session}")
-        return LeaseConflict(f"worker {worker_id} was declared dead")
+        return DeclaredDead(f"worker {worker_id} was declared dead")
 
     async def read_members(self) -> tuple[Member, ...]:
         """Every worker bucket of the fleet index (one query each, paged), at most the client's
@@ -347,7 +352,12 @@ class DynamoFleet:
         (``dead``: ``successor = :dead AND epoch``; it leaves its bucket for ``to``'s poll)."""
         values = {":to": string(to), ":epoch": number(epoch)}
         if owner:
-            update, condition = "SET #successor = :to", "#owner = :owner AND #epoch = :epoch"
+            # A make-before-break request the dead owner had made is over: the stage goes,
+            # so the routed successor's poll tells a routing from a request.
+            update = "SET #successor = :to REMOVE " + ", ".join(
+                f"#{name}" for name in t.HANDOFF_ATTRIBUTES
+            )
+            condition = "#owner = :owner AND #epoch = :epoch"
             values[":owner"] = string(owner)
         else:
             update = "SET #successor = :to REMOVE #fleet"

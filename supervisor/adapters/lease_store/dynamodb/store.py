@@ -161,9 +161,11 @@ class DynamoLeaseStore:
         wall_now: float,
         standbys: tuple[str, ...] | None = None,
         held: int | None = None,
+        *,
+        not_dead: bool = False,
     ) -> int:
         response = await self._update_own_worker(
-            "heartbeat", worker_id, session, state, wall_now, standbys, held
+            "heartbeat", worker_id, session, state, wall_now, standbys, held, not_dead=not_dead
         )
         return int(response["Attributes"][t.COUNTER]["N"])
 
@@ -190,9 +192,12 @@ class DynamoLeaseStore:
         wall_now: float,
         standbys: tuple[str, ...] | None,
         held: int | None = None,
+        *,
+        not_dead: bool = False,
     ) -> dict[str, Any]:
         """Counter + 1 with a new state (and ``standbys``, ``held`` if given), if the item
-        still carries our session."""
+        still carries our session (and, ``not_dead``: protocol 2's heartbeat, no death notice
+        was written on it: DeclaredDead)."""
         values = {
             ":one": number(1),
             ":state": string(state),
@@ -206,16 +211,16 @@ class DynamoLeaseStore:
         if held is not None:
             expression += ", #held = :held"
             values[":held"] = number(held)
-        update = UpdateItem(
-            worker_key(worker_id),
-            expression,
-            "#session = :session",
-            values,
-            returns="UPDATED_NEW",
-        )
+        condition = "#session = :session"
+        if not_dead:
+            condition += " AND (attribute_not_exists(#state) OR #state <> :dead)"
+            values[":dead"] = string(t.DEAD)
+        update = UpdateItem(worker_key(worker_id), expression, condition, values, "UPDATED_NEW")
         try:
             return await self._update(op, update)
         except LeaseConflict as exc:
+            if not_dead:
+                raise await self.fleet().refused(worker_id, session) from exc
             raise WorkerIdTaken(
                 f"worker item {worker_id} no longer carries session {session} "
                 "(another process registered this worker id, or the item is gone)"
@@ -264,14 +269,20 @@ class DynamoLeaseStore:
     async def read_worker_items(self, worker_ids: Collection[str]) -> WorkerRead:
         """One consistent ``BatchGetItem`` (per 100 keys) of the items and the meta item."""
         keys = [t.meta_key()] + [worker_key(worker_id) for worker_id in sorted(worker_ids)]
-        generation, workers = 0, []
+        meta: Item = {}
+        workers = []
         for start in range(0, len(keys), _BATCH_GET_KEYS):
             for item in await self.batch_get("read_workers", keys[start : start + _BATCH_GET_KEYS]):
                 if item[t.PK] == t.meta_key()[t.PK]:
-                    generation = codec.read_int(item, t.GENERATION)
+                    meta = item
                 else:
                     workers.append(codec.worker_from(item))
-        return WorkerRead(generation, tuple(sorted(workers, key=lambda w: w.id)))
+        return WorkerRead(
+            codec.read_int(meta, t.GENERATION),
+            tuple(sorted(workers, key=lambda w: w.id)),
+            codec.read_int(meta, t.PROTOCOL) or 1,
+            codec.read_int(meta, t.REGISTERED_COUNT),
+        )
 
     async def watch_read(self, worker_id: str) -> Seen | None:
         return await self.fleet().watch_read(worker_id, consistent=False)
