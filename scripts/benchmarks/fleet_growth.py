@@ -24,10 +24,12 @@ the window once. The shorter windows of the larger fleets, whose workers all sta
 can end before their first full scan: a scan of 72 items (24 workers) is about 5 read units a
 worker-minute, under 1 % of the figure.
 
-    python -m benchmarks.fleet_growth [--quick] [--sizes 3 6 12 24] [--window S]
+    python -m benchmarks.fleet_growth [--quick] [--sizes 3 6 12 24] [--window S] [--protocol 2]
 
-writes out/bench/fleet_growth.json; the report adds the modelled monthly lease cost at 20, 200
-and 1,000 workers (``benchmarks.lease_cost``).
+``--protocol 2`` runs every size on a table flipped to protocol 2 before its first worker
+starts (``init-table --protocol 2`` on the empty table), and writes
+out/bench/fleet_growth_p2.json; without it, out/bench/fleet_growth.json; the report adds the
+modelled monthly lease cost at 20, 200 and 1,000 workers (``benchmarks.lease_cost``).
 """
 
 from __future__ import annotations
@@ -122,7 +124,13 @@ def protocol_of(fleet: Fleet) -> int:
 
 
 async def measure_size(
-    workers: int, server: ServerProcess, proxy: ServerProcess, window: float, *, kill: bool
+    workers: int,
+    server: ServerProcess,
+    proxy: ServerProcess,
+    window: float,
+    *,
+    kill: bool,
+    protocol: int = 1,
 ) -> dict[str, Any]:
     """One fleet of ``workers`` supervisors, counted over ``window`` seconds, then (``kill``)
     one host death, then stopped."""
@@ -135,7 +143,10 @@ async def measure_size(
     codes: dict[str, int | None] = {}
     death: dict[str, Any] = {}
     try:
-        await fleet.store.ensure_table(True)  # as an operator would (init-table)
+        if protocol == 2:  # init-table --protocol 2: indexes, meta item, flipped (no worker)
+            await fleet.store.set_protocol(2)
+        else:
+            await fleet.store.ensure_table(True)  # as an operator would (init-table)
         started = trio.current_time()
         for i in range(workers):
             await fleet.start(f"w{i:02d}")
@@ -232,7 +243,12 @@ def growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def measure(
-    server: ServerProcess, sizes: Sequence[int], window: float, *, quick: bool = False
+    server: ServerProcess,
+    sizes: Sequence[int],
+    window: float,
+    *,
+    quick: bool = False,
+    protocol: int = 1,
 ) -> list[dict[str, Any]]:
     """Each size in turn; a host death after each window (a quick run: the largest only)."""
     proxy = await trio.to_thread.run_sync(start_proxy, server.url)
@@ -241,7 +257,9 @@ async def measure(
         for n in sizes:
             kill = not quick or n == max(sizes)
             window_n = window or WINDOWS.get(n, 20.0)
-            found.append(await measure_size(n, server, proxy, window_n, kill=kill))
+            found.append(
+                await measure_size(n, server, proxy, window_n, kill=kill, protocol=protocol)
+            )
             rru = found[-1]["per_worker_minute"]["rru"]
             print(f"  {n} workers: {rru:.0f} RRU/worker-min", flush=True)
         return found
@@ -253,21 +271,39 @@ def main() -> None:
     parser = harness.arguments(__doc__, server="dynalite")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="fleet sizes")
     parser.add_argument("--window", type=float, default=0.0, help="seconds counted, each size")
+    parser.add_argument("--protocol", type=int, choices=(1, 2), default=1, help="the table's")
     args = parser.parse_args()
     harness.interruptible()
     harness.use_local_aws()
     sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     window = args.window or (QUICK_WINDOW if args.quick else 0.0)
-    with harness.recorded("fleet_growth", args.quick) as results:
+    name = "fleet_growth" if args.protocol == 1 else "fleet_growth_p2"
+    with harness.recorded(name, args.quick) as results:
         results.update(
             server=args.server, shards_per_worker=SHARDS_PER_WORKER, feed_rate=RATE, slice_s=SLICE_S
         )
         with servers(args.server, 1) as (server,):
-            found = trio.run(functools.partial(measure, server, sizes, window, quick=args.quick))
+            run = functools.partial(
+                measure, server, sizes, window, quick=args.quick, protocol=args.protocol
+            )
+            found = trio.run(run)
         results["sizes"] = found
         results["growth"] = growth(found)
         results["cost_model"] = [lease_cost(w).as_json() for w in MODEL_WORKERS]
-    print(sections(["fleet_growth"]))
+    if args.protocol == 1:
+        print(sections(["fleet_growth"]))
+    else:  # the report's row 9 is protocol 1's; protocol 2's figures are printed as measured
+        for size in found:
+            death = size["host_death"] or {}
+            takes = [t["after_last_heartbeat_s"] for t in death.get("takes", [])]
+            print(
+                f"  protocol {size['protocol']}, {size['workers']} workers: "
+                f"{size['per_worker_minute']['rru']:.0f} RRU, "
+                f"{size['per_worker_minute']['requests']:.0f} requests per worker-minute; "
+                f"host death taken {min(takes, default=0):.2f}-{max(takes, default=0):.2f} s "
+                "after the last heartbeat"
+            )
+        print(f"  growth: {results['growth']['rru_ratio']:.2f}x")
 
 
 if __name__ == "__main__":
