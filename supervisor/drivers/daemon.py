@@ -125,6 +125,7 @@ class Supervisor:
         self._own_unheld = False  # it showed items of ours we do not run: read again
         self._short_scan_at = float("-inf")  # protocol 2: when we last read every bucket
         self._sweep_at = float("-inf")  # protocol 2: our last sweep of dead members' shards
+        self._addressed: tuple[tuple[ShardItem, ...], float] | None = None  # the poll's last
         self._protocol_refused = False  # a flip to protocol 2 we cannot follow, logged
         self._unrunnable: dict[str, float] = {}  # listed for us, no definition to run: since
         self.ctx = RunnerContext(
@@ -396,7 +397,7 @@ class Supervisor:
                 if self._retired:
                     return
                 with trio.fail_after(self.config.lease.duration / 2):
-                    await self.store.heartbeat(
+                    self.liveness.own = await self.store.heartbeat(
                         self.worker_id,
                         self.session,
                         state,
@@ -519,7 +520,7 @@ class Supervisor:
             snapshot, requests, scan = await self._observe_table()
             shard_count = None
         read = self.liveness.last_read
-        if read is not None:
+        if read is not None and read.consistent:
             self._use_protocol(read.protocol)  # a flip (or its rollback) from the next round
         now = self.now()
         for runner in self.runners.values():
@@ -658,7 +659,7 @@ class Supervisor:
             self._own_unheld = any(
                 item.owner == me and sid not in held for sid, item in consistent.items()
             )
-        addressed = await self.fleet.addressed_to(me)
+        addressed = await self._addressed_to_me(now)
         shard_count = len(self._shards) + (read.registered_count if read is not None else 0)
         vacant: list[ShardItem] = []
         if self._accepting(now):
@@ -675,6 +676,14 @@ class Supervisor:
         requests = fleet_round.poll_actions(addressed, me, self._runnable, busy).requests
         await self._sweep(now)
         return self._snapshot, requests, bool(consistent), shard_count
+
+    async def _addressed_to_me(self, now: float) -> tuple[ShardItem, ...]:
+        """``successor = <me>``: the hand-off poll's last answer when it is at most two polls
+        old (it reads the same every 250 ms), else a query of our own."""
+        poll = self.config.lease.handoff_poll_interval
+        if self._addressed is not None and poll > 0 and now - self._addressed[1] <= 2 * poll:
+            return self._addressed[0]
+        return await self.fleet.addressed_to(self.worker_id)
 
     async def _read_vacant(self, members, now: float, addressed: bool) -> list[ShardItem]:
         """Our vacant buckets (dealt alike by every member from the view), each read from our
@@ -859,6 +868,7 @@ class Supervisor:
         """Protocol 2: ``successor = <me>`` lists what is addressed to us alone: shards
         released to us, a dead owner's shards routed to us, make-before-break requests."""
         addressed = await self.fleet.addressed_to(self.worker_id)
+        self._addressed = (addressed, self.now())
         await self._learn_definitions(addressed)
         busy = self.runners.keys() | self._taking
         actions = fleet_round.poll_actions(addressed, self.worker_id, self._runnable, busy)

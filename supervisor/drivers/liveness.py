@@ -31,6 +31,7 @@ log = logging.getLogger("shardvisor.supervisor")
 
 STORE_WRITE_TIMEOUT = 1.0  # an announcement, a death marker: best effort, bounded
 DEATH_MARKER_ROUNDS = 2  # a death marker stays listed this many reconcile intervals
+META_CONSISTENT_EVERY = 10  # protocol 2: one round in this many reads the meta item consistently
 
 
 class Liveness:
@@ -70,6 +71,8 @@ class Liveness:
         self.last_read: WorkerRead | None = None
         self.members: tuple[Member, ...] = ()
         self._reread_for: int | None = None  # a generation whose member list is read again
+        self.own: WorkerItem | None = None  # our item as our last heartbeat wrote it
+        self._rounds = 0
         self.fleet = store.fleet()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -96,7 +99,7 @@ class Liveness:
             if peer not in self._judged or self.tracker.due_at(peer) <= horizon
         }
         if self.protocol == 2:  # no roster: the member list when the generation moved
-            fresh = await self.store.read_worker_items({self.worker_id, *confirm})
+            fresh = await self._read_fleet_round(confirm)
             ids: Collection[str] = view.ids if view is not None else ()
         else:
             ids, fresh = await both(  # the roster's ids and the consistent read, side by side
@@ -173,6 +176,28 @@ class Liveness:
                 assert self._nursery is not None, "Liveness.run is not running"
                 self._nursery.start_soon(self._declare_dead, worker)
         return view.workers
+
+    async def _read_fleet_round(self, confirm: set[str]) -> WorkerRead:
+        """Protocol 2's per-round read: the watched peers falling due, strongly consistently
+        with the meta item (as on protocol 1); with none, the meta item alone, eventually
+        consistent (half a read unit: a replica that lags only delays a member re-read by a
+        round), strongly consistent every ``META_CONSISTENT_EVERY`` rounds (the protocol
+        switches only on such a read: a lagging replica must not flip a worker back). Our own
+        item is the one our last heartbeat wrote (``own``): the write's response, no read."""
+        self._rounds += 1
+        if confirm:
+            fresh = await self.store.read_worker_items(confirm)
+        else:
+            consistent = self._rounds % META_CONSISTENT_EVERY == 1
+            meta = await self.fleet.read_meta(consistent=consistent)
+            fresh = WorkerRead(
+                meta.generation, (), meta.protocol, meta.registered_count, consistent
+            )
+        if self.own is not None:
+            workers = {worker.id: worker for worker in fresh.workers}
+            workers[self.own.id] = self.own
+            fresh = attrs.evolve(fresh, workers=tuple(workers[w] for w in sorted(workers)))
+        return fresh
 
     async def _read_member_list(self, fresh: WorkerRead, watched: set[str]) -> WorkerRead:
         """Protocol 2: the member list from the ``fleet`` index (64 small queries), with our

@@ -94,8 +94,9 @@ async def test_table_missing_without_create(make_store: StoreFactory) -> None:
 async def test_register_and_heartbeat_increment_the_counter(store: LeaseStore) -> None:
     registered = await store.register_worker(worker(counter=5))
     assert registered.counter == 5
-    assert await store.heartbeat("w1", "s1", "running", 1700000001.0) == 6
-    assert await store.heartbeat("w1", "s1", "draining", 1700000002.5) == 7
+    assert (await store.heartbeat("w1", "s1", "running", 1700000001.0)).counter == 6
+    beat = await store.heartbeat("w1", "s1", "draining", 1700000002.5)
+    assert (beat.counter, beat.state, beat.session) == (7, "draining", "s1")
     (stored,) = (await store.snapshot()).workers
     assert (stored.counter, stored.state, stored.heartbeat_at) == (7, "draining", 1700000002.5)
     # The daemon's scans are eventually consistent (these servers are never stale).
@@ -109,12 +110,12 @@ async def test_heartbeat_with_another_session_is_worker_id_taken(store: LeaseSto
         await store.heartbeat("w1", "s1", "running", 1.0)
     with pytest.raises(WorkerIdTaken):
         await store.heartbeat("nobody", "s1", "running", 1.0)
-    assert await store.heartbeat("w1", "s2", "running", 1.0) > 0
+    assert (await store.heartbeat("w1", "s2", "running", 1.0)).counter > 0
 
 
 async def test_reregister_keeps_the_counter_rising(store: LeaseStore) -> None:
     await store.register_worker(worker(session="s1"))
-    last = await store.heartbeat("w1", "s1", "running", 1.0)
+    last = (await store.heartbeat("w1", "s1", "running", 1.0)).counter
     again = await store.register_worker(worker(session="s2", counter=0))
     assert again.counter == last + 1
     (stored,) = (await store.snapshot()).workers
@@ -264,7 +265,7 @@ async def test_memory_knobs_inject_failures(autojump_clock: trio.testing.MockClo
         await store.heartbeat("w1", "s1", "running", 1.0)
     with pytest.raises(LeaseConflict, match="twice"):
         await store.heartbeat("w1", "s1", "running", 1.0)
-    assert await store.heartbeat("w1", "s1", "running", 1.0) == 1
+    assert (await store.heartbeat("w1", "s1", "running", 1.0)).counter == 1
     store.unavailable = True
     with pytest.raises(StoreUnavailable):
         await store.snapshot()

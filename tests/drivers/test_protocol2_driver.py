@@ -12,6 +12,7 @@ from shard_worker.contract.pipe import StreamSpec
 from supervisor import exit_codes
 from supervisor.config.model import ShardConfig, StandbyConfig
 from supervisor.config.shard_spec import encode_spec
+from supervisor.drivers.liveness import META_CONSISTENT_EVERY
 
 # Requests protocol 2 never makes: the full scan and every read of the `roster` index.
 PROTOCOL_1_READS = ("snapshot", "vacancies", "worker_ids", "read_workers", "handoff_requests")
@@ -154,6 +155,10 @@ async def test_a_fleet_flipped_while_running_switches_at_its_next_round(autojump
         await trio.sleep(3 * DURATION)
         assert {w: store.request_counts["snapshot"] for w, store in stores.items()} == scans
         counts = await settle(h, {"w1", "w2"})
+        h.store.set_protocol(1)  # the rollback: seen on a consistent read of the meta item
+        await trio.sleep(META_CONSISTENT_EVERY * RECONCILE + 0.5)
+        assert {sup.protocol for sup in sups.values()} == {1}
+        await settle(h, {"w1", "w2"})
         nursery.cancel_scope.cancel()
     assert sorted(counts.values()) == [2, 2]
     no_two_writers(h)

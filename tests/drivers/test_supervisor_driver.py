@@ -21,7 +21,7 @@ from supervisor.config.model import (
     WorkerConfig,
 )
 from supervisor.config.shard_spec import encode_spec
-from supervisor.core.items import ShardItem, Snapshot
+from supervisor.core.items import ShardItem, Snapshot, WorkerItem
 from supervisor.core.partition_keys import vacant_key
 from supervisor.core.runner_state import RunnerEvent, RunnerLifecycle, RunnerState
 from supervisor.drivers.daemon import TAKES_AT_ONCE, Supervisor
@@ -509,7 +509,7 @@ class SlowHeartbeats(MemoryLeaseStore):
         held: int | None = None,
         *,
         not_dead: bool = False,
-    ) -> int:
+    ) -> WorkerItem:
         with trio.CancelScope(shield=True):
             await trio.sleep(self.delay)
             return await super().heartbeat(

@@ -52,7 +52,7 @@ class TableMissing(LeaseStoreError):
 class FleetRequests(Protocol):
     """Protocol 2's requests the daemon makes (``LeaseStore.fleet()``; both stores)."""
 
-    async def read_meta(self) -> FleetMeta: ...
+    async def read_meta(self, *, consistent: bool = False) -> FleetMeta: ...
 
     async def read_members(self) -> tuple[Member, ...]: ...
 
@@ -90,8 +90,10 @@ class LeaseStore(Protocol):
         held: int | None = None,
         *,
         not_dead: bool = False,
-    ) -> int:
-        """Counter + 1, conditional on our session. Returns the new counter. ``standbys``
+    ) -> WorkerItem:
+        """Counter + 1, conditional on our session. Returns our item as written (its counter,
+        and what others wrote on it: a drain request, a poke; a write's response costs no
+        read unit). ``standbys``
         (the shards whose standby child is ready here) and ``held`` (how many shards we
         own: protocol 2's member list carries it) are written only when given: the caller
         passes them when they changed, so a heartbeat stays one small write."""

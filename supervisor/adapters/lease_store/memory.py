@@ -243,7 +243,7 @@ class MemoryLeaseStore:
         held: int | None = None,
         *,
         not_dead: bool = False,
-    ) -> int:
+    ) -> WorkerItem:
         table = await self._enter("heartbeat")
         old = table.workers.get(worker_id)
         if not_dead and old is not None and old.session == session and old.state == "dead":
@@ -252,7 +252,7 @@ class MemoryLeaseStore:
         if standbys is not None:
             new = attrs.evolve(new, standbys=tuple(sorted(standbys)))
         table.put_worker(new, held=held)
-        return new.counter
+        return new
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         table = await self._enter("retire_worker")

@@ -51,10 +51,10 @@ class MemoryFleet:
 
     # --- membership -------------------------------------------------------------------------
 
-    async def read_meta(self) -> FleetMeta:
+    async def read_meta(self, *, consistent: bool = False) -> FleetMeta:
         """The meta item, eventually consistent (one small GetItem every round)."""
         table = await self._store._enter("read_meta")
-        self.meter.get("read_meta", META, 60, consistent=False)
+        self.meter.get("read_meta", META, 60, consistent=consistent)
         return FleetMeta(table.generation, table.protocol, table.shardgen, table.registered_count)
 
     async def read_generation(self) -> int:

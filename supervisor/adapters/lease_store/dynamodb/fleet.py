@@ -76,11 +76,11 @@ class DynamoFleet:
 
     # --- membership -------------------------------------------------------------------------
 
-    async def read_meta(self) -> FleetMeta:
+    async def read_meta(self, *, consistent: bool = False) -> FleetMeta:
         """The meta item, eventually consistent (one small GetItem every round): the
         generation, the protocol, and the registered shards' counters."""
         names = (t.GENERATION, t.PROTOCOL, t.SHARDGEN, t.REGISTERED_COUNT)
-        item = await self._get("read_meta", t.meta_key(), names, False)
+        item = await self._get("read_meta", t.meta_key(), names, consistent)
         read = codec.read_int
         return FleetMeta(
             read(item, t.GENERATION),

@@ -163,11 +163,11 @@ class DynamoLeaseStore:
         held: int | None = None,
         *,
         not_dead: bool = False,
-    ) -> int:
+    ) -> WorkerItem:
         response = await self._update_own_worker(
             "heartbeat", worker_id, session, state, wall_now, standbys, held, not_dead=not_dead
         )
-        return int(response["Attributes"][t.COUNTER]["N"])
+        return codec.worker_from(response["Attributes"])
 
     async def retire_worker(self, worker_id: str, session: str, wall_now: float) -> None:
         await self._update_own_worker(
@@ -215,7 +215,7 @@ class DynamoLeaseStore:
         if not_dead:
             condition += " AND (attribute_not_exists(#state) OR #state <> :dead)"
             values[":dead"] = string(t.DEAD)
-        update = UpdateItem(worker_key(worker_id), expression, condition, values, "UPDATED_NEW")
+        update = UpdateItem(worker_key(worker_id), expression, condition, values, "ALL_NEW")
         try:
             return await self._update(op, update)
         except LeaseConflict as exc:
