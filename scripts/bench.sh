@@ -172,6 +172,8 @@ else
   "$PY" -m benchmarks.live
   log "stage 7/7: DynamoDB work per worker at 3, 6, 12 and 24 supervisors on the wire (row 9)"
   "$PY" -m benchmarks.fleet_growth
+  log "stage 7/7: the same on protocol 2 (row 9)"
+  "$PY" -m benchmarks.fleet_growth --protocol 2
   "$PY" -m benchmarks.report $PUBLISH --mode full --run-seconds "$(($(date +%s) - START))"
   log "full run done: ${PUBLISH:+docs/benchmarks.md and }$OUT/benchmarks.md"
 fi

@@ -73,3 +73,34 @@ def test_the_host_death_table_tells_watchers_takes_from_the_others() -> None:
     assert "w23 (watched by w07, w12)" in row
     assert row.index("10.12 s (w07)") < row.index("10.41 s (w00)")  # watcher's column first
     assert "Lease 10 s" in text
+
+
+def test_row_9_shows_protocol_2_beside_protocol_1_when_it_was_measured() -> None:
+    from benchmarks.report.growth_rows import growth as render
+
+    def size(workers: int, protocol: int, rru: float) -> dict:
+        per = {"requests": 500.0, "lease_requests": 400.0, "rru": rru, "wru": 150.0}
+        per |= {"lease_wru": 30.0, "by_op": {}, "rru_by_op": {}}
+        return {
+            "workers": workers,
+            "protocol": protocol,
+            "window_s": 20.0,
+            "worker_minutes": workers / 3,
+            "per_worker_minute": per,
+            "exit_codes": {"w00": 0},
+        }
+
+    def run(protocol: int, rru: float) -> dict:
+        sizes = [size(3, protocol, rru), size(24, protocol, rru)]
+        return {"sizes": sizes, "growth": growth(sizes)}
+
+    runs = {"fleet_growth": run(1, 245.0), "fleet_growth_p2": run(2, 175.0)}
+    text, summary = render(lambda name: runs.get(name))
+    assert "**Protocol 2.**" in text
+    assert [row[0] for row in summary] == [
+        "9. RRU / worker-minute, 3 → 24 workers",
+        "9. RRU / worker-minute, 3 → 24 workers, protocol 2",
+    ]
+    assert summary[1][1] == "175 → 175 (1.00\N{MULTIPLICATION SIGN})"
+    alone, rows = render(lambda name: runs.get(name) if name == "fleet_growth" else None)
+    assert "Protocol 2." not in alone and len(rows) == 1

@@ -40,6 +40,39 @@ def growth(load: Load) -> Rendered:
         "the 60 s window of the smallest fleet; the shorter windows of larger fleets may miss "
         "it (at 24 workers ≈ 5 RRU per worker-minute, under 1 %).\n"
     )
+    summary: list[SummaryRow] = []
+    _measured(data, "fleet_growth", out, summary)
+    p2 = load("fleet_growth_p2")
+    if p2 and p2.get("sizes"):
+        add(
+            f"\n**Protocol 2.** `{p2.get('command', 'python -m benchmarks.fleet_growth')}`: "
+            "the same fleets on a table flipped to protocol 2 (`init-table --protocol 2`) "
+            "before the first worker starts (docs/lease-protocol.md, *The daemon on protocol "
+            "2*): no scan, no roster; the member list only after a membership change.\n"
+        )
+        _measured(p2, "fleet_growth_p2", out, summary)
+    model = data.get("cost_model") or []
+    if model:
+        add(_model(model))
+        big = max(model, key=lambda m: m["workers"])
+        summary.append(
+            (
+                f"9. Modelled lease cost / month, {big['workers']:,} workers",
+                f"protocol 2 ${big['protocol2']['usd_month']:,.0f} · protocol 1 "
+                f"${big['protocol1']['usd_month']:,.0f}",
+                f"KCL 2.x ${big['kcl']['usd_month']:,.0f}",
+                ratio(big["protocol2"]["usd_month"], big["kcl"]["usd_month"]),
+                "model",
+            )
+        )
+    return "\n".join(out), summary
+
+
+def _measured(data: dict[str, Any], name: str, out: list[str], summary: list[SummaryRow]) -> None:
+    """One run's tables (per size, the host deaths) and verdict, onto ``out`` and ``summary``."""
+    add = out.append
+    sizes = data["sizes"]
+    protocols = sorted({r["protocol"] for r in sizes})
     rows = []
     for r in sorted(sizes, key=lambda x: x["workers"]):
         p = r["per_worker_minute"]
@@ -78,61 +111,48 @@ def growth(load: Load) -> Rendered:
         "exited 0. "
         + (
             f"Requests that failed or were dropped in the window at {failed} workers (see "
-            "`not_ok` in out/bench/fleet_growth.json)."
+            f"`not_ok` in out/bench/{name}.json)."
             if failed
             else "No request failed in any window."
         )
     )
     deaths = [r for r in sorted(sizes, key=lambda x: x["workers"]) if r.get("host_death")]
     if deaths:
-        add(_deaths(deaths))
+        add(_deaths(deaths, protocol=max(protocols)))
     g = data.get("growth") or {}
-    summary: list[SummaryRow] = []
-    if g:
-        verdict = "met" if g["met"] else "**not met**"
-        add(
-            f"\nRead units per worker-minute at {g['large']} workers ÷ at {g['small']}: "
-            f"**{g['rru_ratio']:.2f}×** (target ≤ {g['target']:g}×: {verdict}). "
-            + (
-                "Protocol 1 (spoken here) reads, each round, the meta item and its own item by a "
-                "consistent BatchGetItem, and between rounds the two peers it watches (the Get "
-                "column); every worker item only after a membership change (docs/lease-"
-                "protocol.md, *Liveness*). Before the watch ring (issue 16) every round read "
-                "every worker item: 238 → 849 RRU per worker-minute from 3 to 24 workers "
-                "(3.57×).\n"
-                if 1 in protocols
-                else "Protocol 2 reads what concerns each worker: watched peers, the meta "
-                "item, its hand-off poll (docs/lease-protocol.md).\n"
-            )
+    if not g:
+        return
+    verdict = "met" if g["met"] else "**not met**"
+    add(
+        f"\nRead units per worker-minute at {g['large']} workers ÷ at {g['small']}: "
+        f"**{g['rru_ratio']:.2f}×** (target ≤ {g['target']:g}×: {verdict}). "
+        + (
+            "Protocol 1 (spoken here) reads, each round, the meta item and its own item by a "
+            "consistent BatchGetItem, and between rounds the two peers it watches (the Get "
+            "column); every worker item only after a membership change (docs/lease-"
+            "protocol.md, *Liveness*). Before the watch ring (issue 16) every round read "
+            "every worker item: 238 → 849 RRU per worker-minute from 3 to 24 workers "
+            "(3.57×).\n"
+            if 1 in protocols
+            else "Protocol 2 reads, each round, the meta item (eventually consistent: the Get "
+            "column with the watch reads), its own item from its heartbeat's response, "
+            "and its hand-off poll's `successor = <me>` (the Query column, 4 a second).\n"
         )
-        by_n = {r["workers"]: r["per_worker_minute"]["rru"] for r in sizes}
-        summary.append(
-            (
-                f"9. RRU / worker-minute, {g['small']} → {g['large']} workers",
-                f"{by_n[g['small']]:.0f} → {by_n[g['large']]:.0f} ({g['rru_ratio']:.2f}×)",
-                f"target ≤ {g['target']:g}×",
-                verdict,
-                f"{sum(r['window_s'] for r in sizes):.0f} s on the wire",
-            )
+    )
+    by_n = {r["workers"]: r["per_worker_minute"]["rru"] for r in sizes}
+    summary.append(
+        (
+            f"9. RRU / worker-minute, {g['small']} → {g['large']} workers"
+            + (", protocol 2" if 1 not in protocols else ""),
+            f"{by_n[g['small']]:.0f} → {by_n[g['large']]:.0f} ({g['rru_ratio']:.2f}×)",
+            f"target ≤ {g['target']:g}×",
+            verdict,
+            f"{sum(r['window_s'] for r in sizes):.0f} s on the wire",
         )
-    model = data.get("cost_model") or []
-    if model:
-        add(_model(model))
-        big = max(model, key=lambda m: m["workers"])
-        summary.append(
-            (
-                f"9. Modelled lease cost / month, {big['workers']:,} workers",
-                f"protocol 2 ${big['protocol2']['usd_month']:,.0f} · protocol 1 "
-                f"${big['protocol1']['usd_month']:,.0f}",
-                f"KCL 2.x ${big['kcl']['usd_month']:,.0f}",
-                ratio(big["protocol2"]["usd_month"], big["kcl"]["usd_month"]),
-                "model",
-            )
-        )
-    return "\n".join(out), summary
+    )
 
 
-def _deaths(sizes: list[dict[str, Any]]) -> str:
+def _deaths(sizes: list[dict[str, Any]], protocol: int = 1) -> str:
     """The host death after each window: watchers' takes and the other workers' takes."""
 
     def takes(death: dict[str, Any], by_watcher: bool) -> str:
@@ -158,8 +178,13 @@ def _deaths(sizes: list[dict[str, Any]]) -> str:
         "\nA host death in each fleet, after its window: the process group of the last worker "
         "in id order SIGKILLed; each of its shards from the victim's last heartbeat (its "
         "item's wall-clock stamp) to the new owner's take (`owner_since`), by the two workers "
-        "that watch it and by the others, which learn the death from the watcher's death "
-        f"marker at their next hand-off poll (250 ms). Lease {lease:g} s.\n\n"
+        "that watch it and by the others, which learn the death "
+        + (
+            "from the watcher's death marker"
+            if protocol == 1
+            else "from the watcher's routing of the shard to them"
+        )
+        + f" at their next hand-off poll (250 ms). Lease {lease:g} s.\n\n"
         + table(
             ("workers", "victim", "taken by a watcher", "taken by another worker"),
             rows,
