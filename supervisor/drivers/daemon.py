@@ -404,7 +404,12 @@ class Supervisor:
                         self.wall(),
                         standbys,
                         held,
+                        # Protocol 2: a heartbeat rewrites our state only when it changed
+                        # (the fleet index projects it; an unchanged one costs an index write).
+                        # Protocol 1 writes it every time: a late heartbeat must undo a
+                        # death notice there, and nothing projects it.
                         not_dead=self.protocol == 2,
+                        write_state=self.protocol != 2 or state != self._announced_state,
                     )
                 self._advertised = ready
                 self._advertised_held = count

@@ -15,6 +15,7 @@ from helpers.stores import REGION, StoreFactory, atomic_backends
 from moto import mock_aws
 
 from supervisor.adapters.lease_store.base import (
+    DeclaredDead,
     LeaseConflict,
     LeaseStore,
     LeaseStoreError,
@@ -89,6 +90,20 @@ async def test_table_missing_without_create(make_store: StoreFactory) -> None:
         await store.ensure_table(create=False)
     with pytest.raises(TableMissing):
         await store.snapshot()
+
+
+async def test_a_heartbeat_may_leave_the_state_and_refuses_a_dead_item(store: LeaseStore) -> None:
+    """Protocol 2's heartbeat: the state written only when it changed (``write_state``), and
+    refused once a death notice is on the item (``not_dead``)."""
+    await store.register_worker(worker(counter=1))
+    await store.heartbeat("w1", "s1", "draining", 1.0)
+    kept = await store.heartbeat("w1", "s1", "running", 2.0, write_state=False, not_dead=True)
+    assert (kept.counter, kept.state) == (3, "draining")
+    assert await store.death_notice("w1", 3, "s1", "w2")
+    with pytest.raises(DeclaredDead):
+        await store.heartbeat("w1", "s1", "running", 3.0, not_dead=True)
+    (stored,) = (await store.snapshot()).workers
+    assert (stored.counter, stored.state) == (3, "dead")
 
 
 async def test_register_and_heartbeat_increment_the_counter(store: LeaseStore) -> None:

@@ -509,11 +509,19 @@ class SlowHeartbeats(MemoryLeaseStore):
         held: int | None = None,
         *,
         not_dead: bool = False,
+        write_state: bool = True,
     ) -> WorkerItem:
         with trio.CancelScope(shield=True):
             await trio.sleep(self.delay)
             return await super().heartbeat(
-                worker_id, session, state, wall_now, standbys, held, not_dead=not_dead
+                worker_id,
+                session,
+                state,
+                wall_now,
+                standbys,
+                held,
+                not_dead=not_dead,
+                write_state=write_state,
             )
 
 

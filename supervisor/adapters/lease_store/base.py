@@ -90,6 +90,7 @@ class LeaseStore(Protocol):
         held: int | None = None,
         *,
         not_dead: bool = False,
+        write_state: bool = True,
     ) -> WorkerItem:
         """Counter + 1, conditional on our session. Returns our item as written (its counter,
         and what others wrote on it: a drain request, a poke; a write's response costs no

@@ -243,11 +243,14 @@ class MemoryLeaseStore:
         held: int | None = None,
         *,
         not_dead: bool = False,
+        write_state: bool = True,
     ) -> WorkerItem:
         table = await self._enter("heartbeat")
         old = table.workers.get(worker_id)
         if not_dead and old is not None and old.session == session and old.state == "dead":
             raise DeclaredDead(f"worker {worker_id} was declared dead")
+        if not write_state and old is not None:
+            state = old.state
         new = self._update_own_worker(table, worker_id, session, state, wall_now)
         if standbys is not None:
             new = attrs.evolve(new, standbys=tuple(sorted(standbys)))

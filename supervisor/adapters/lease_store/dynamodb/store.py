@@ -163,9 +163,17 @@ class DynamoLeaseStore:
         held: int | None = None,
         *,
         not_dead: bool = False,
+        write_state: bool = True,
     ) -> WorkerItem:
         response = await self._update_own_worker(
-            "heartbeat", worker_id, session, state, wall_now, standbys, held, not_dead=not_dead
+            "heartbeat",
+            worker_id,
+            session,
+            state if write_state else None,
+            wall_now,
+            standbys,
+            held,
+            not_dead=not_dead,
         )
         return codec.worker_from(response["Attributes"])
 
@@ -188,23 +196,22 @@ class DynamoLeaseStore:
         op: str,
         worker_id: str,
         session: str,
-        state: str,
+        state: str | None,
         wall_now: float,
         standbys: tuple[str, ...] | None,
         held: int | None = None,
         *,
         not_dead: bool = False,
     ) -> dict[str, Any]:
-        """Counter + 1 with a new state (and ``standbys``, ``held`` if given), if the item
-        still carries our session (and, ``not_dead``: protocol 2's heartbeat, no death notice
-        was written on it: DeclaredDead)."""
-        values = {
-            ":one": number(1),
-            ":state": string(state),
-            ":now": number(wall_now),
-            ":session": string(session),
-        }
-        expression = "SET #counter = #counter + :one, #state = :state, #heartbeat_at = :now"
+        """Counter + 1 with a new state (``state`` None: the item's stays, so a heartbeat
+        writes no attribute protocol 2's ``fleet`` index projects), and ``standbys``,
+        ``held`` if given, if the item still carries our session (and, ``not_dead``:
+        protocol 2's heartbeat, no death notice was written on it: DeclaredDead)."""
+        values = {":one": number(1), ":now": number(wall_now), ":session": string(session)}
+        expression = "SET #counter = #counter + :one, #heartbeat_at = :now"
+        if state is not None:
+            expression += ", #state = :state"
+            values[":state"] = string(state)
         if standbys is not None:
             expression += ", #standbys = :standbys"
             values[":standbys"] = codec.standbys_value(standbys)
