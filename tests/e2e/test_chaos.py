@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 from helpers.chaos import DEFAULT_KINDS, STANDBY_KINDS, ChaosPlan, ChaosRun
-from helpers.fleet import SHARDS, STREAMS, Fleet
+from helpers.fleet import SHARDS, STREAMS, Fleet, running_fleet
 
+from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
 from supervisor.devtools.feed import FeedServer
 
 pytestmark = pytest.mark.slow
@@ -26,6 +27,17 @@ def test_the_plan_is_a_function_of_the_seed():
 
 async def test_chaos_keeps_every_stream_gapless_and_single_writer(fleet):
     await chaos(fleet, ChaosRun(fleet, ChaosPlan.from_env(list(SHARDS), STREAMS)))
+
+
+@pytest.mark.parametrize("ddb_url", ["dynalite"], indirect=True)
+async def test_chaos_on_protocol_2(tmp_path, ddb_url, table_name, nursery):
+    """The same faults on a fleet that runs protocol 2 (issue 16) from its first round: a
+    frozen supervisor is declared dead and its shards routed, and when it thaws its heartbeat
+    is refused and it joins again; the sink invariants hold all the same."""
+    await DynamoLeaseStore(table_name, "us-east-1", ddb_url).set_protocol(2)
+    async with running_fleet(nursery, tmp_path, ddb_url, table_name, SHARDS, rate=200.0) as fleet:
+        await chaos(fleet, ChaosRun(fleet, ChaosPlan.from_env(list(SHARDS), STREAMS)))
+        assert "the fleet runs protocol 2 from now on" in fleet.log("w1")
 
 
 @pytest.mark.parametrize("ddb_url", ["dynalite"], indirect=True)
