@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 import attrs
 
 from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_MBB, STOPPED
-from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
+from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.runner_state import HeldShard
 
@@ -130,6 +130,25 @@ def act_on_plan(
     )
 
 
+def retake_epoch(
+    item: ShardItem | None, *, expected_owner: str, expected_epoch: int, me: str
+) -> int | None:
+    """After a take's condition failed: the epoch to take at once instead, or None (leave it
+    to the next round, which scans). A round after a death plans on the last scan, which may
+    predate the dead owner's last take or promotion of the shard (the epoch moved, the owner
+    did not): the same owner, judged dead all the same, at the epoch a consistent read shows.
+    Likewise a vacant shard released again since, unless to another worker by name. Never for
+    another owner, nor our own id (an earlier incarnation waits for the warm-up, which the
+    plan gated)."""
+    if item is None or item.retired_at or expected_owner == me:
+        return None
+    if item.owner != expected_owner or item.epoch <= expected_epoch:
+        return None
+    if not item.owner and item.successor not in ("", me):
+        return None  # released to someone by name since: a directed move, not ours
+    return item.epoch
+
+
 HANDOVER = "handover"  # the takes metric's label for a shard its owner handed over to us
 
 
@@ -207,6 +226,7 @@ __all__ = [
     "handoff_takes",
     "next_round_in",
     "promotion_kind",
+    "retake_epoch",
     "round_signature",
     "take_source",
     "warmed_up",

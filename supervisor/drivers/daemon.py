@@ -1028,18 +1028,42 @@ class Supervisor:
             return
         self._taking.add(shard_id)
         try:
-            item = await self.store.take(
-                shard_id, self.worker_id, expected_owner, expected_epoch, self.wall()
-            )
-        except LeaseConflict:
-            log.debug("lost the race for %s", shard_id)
-            return
+            item = await self._take_or_retake(shard_id, expected_owner, expected_epoch)
         finally:
             self._taking.discard(shard_id)
+        if item is None:
+            return
         source = round_policy.take_source(expected_owner, self.worker_id)
         if source == "dead-owner":
             self._note_failover(shard_id, expected_owner)
         await self._run_taken(shard, item, source, expected_owner or "nobody")
+
+    async def _take_or_retake(
+        self, shard_id: str, expected_owner: str, expected_epoch: int
+    ) -> ShardItem | None:
+        """The conditional take; if its condition fails, one consistent read of the item and,
+        when it shows the same owner at a later epoch (``round_policy.retake_epoch``: a death
+        planned on a scan older than the dead owner's last take), the take at that epoch at
+        once rather than a round later. None: not ours (the next round scans)."""
+        me = self.worker_id
+        try:
+            return await self.store.take(shard_id, me, expected_owner, expected_epoch, self.wall())
+        except LeaseConflict:
+            log.debug("lost the race for %s", shard_id)
+        self._scans.invalidate()  # what we planned on was stale
+        try:
+            item = await self.store.read_shard(shard_id)
+        except StoreUnavailable:
+            return None
+        epoch = round_policy.retake_epoch(
+            item, expected_owner=expected_owner, expected_epoch=expected_epoch, me=me
+        )
+        if epoch is None or not self.lease.is_valid(self.now()):
+            return None
+        try:
+            return await self.store.take(shard_id, me, expected_owner, epoch, self.wall())
+        except LeaseConflict:
+            return None
 
     async def _run_taken(
         self, shard: ShardConfig, item: ShardItem, source: str, previous: str

@@ -8,7 +8,8 @@ import pytest
 from helpers.fake_runner import FakeRunner as Runner
 
 from shard_worker.contract.table import FEATURE_HANDOFF_NOTICE, FEATURE_HANDOVER, FEATURE_MBB
-from supervisor.core.items import HandoffRequest, VacantShard, WorkerItem
+from supervisor.core import round_policy
+from supervisor.core.items import HandoffRequest, ShardItem, VacantShard, WorkerItem
 from supervisor.core.planner import Plan, Take
 from supervisor.core.round_policy import (
     DUE_SLACK,
@@ -228,3 +229,20 @@ def test_the_next_round_comes_when_a_peers_lease_falls_due_if_that_is_sooner():
     assert next_round_in(100.0, 2.0, 105.0) == 2.0  # due after the next round anyway
     assert next_round_in(100.0, 2.0, 100.5) == pytest.approx(0.5 + DUE_SLACK)
     assert next_round_in(100.0, 2.0, 99.0) == 0.0  # overdue: at once
+
+
+def test_a_failed_take_is_retried_at_once_only_for_the_same_owner_at_a_later_epoch():
+    def retake(item, owner="dead", epoch=3):
+        return round_policy.retake_epoch(item, expected_owner=owner, expected_epoch=epoch, me="me")
+
+    # The dead owner promoted or took it after our last scan: same owner, later epoch.
+    assert retake(ShardItem("s", "dead", 5)) == 5
+    assert retake(ShardItem("s", "other", 5)) is None  # someone took it: not ours
+    assert retake(ShardItem("s", "dead", 3)) is None  # nothing moved: a real conflict
+    assert retake(ShardItem("s", "dead", 5, retired_at=1.0)) is None
+    assert retake(None) is None
+    assert retake(ShardItem("s", "me", 5), owner="me") is None  # our earlier incarnation
+    # Vacant again at a later epoch: ours to take, unless released to another by name.
+    assert retake(ShardItem("s", "", 6), owner="") == 6
+    assert retake(ShardItem("s", "", 6, successor="me"), owner="") == 6
+    assert retake(ShardItem("s", "", 6, successor="w2"), owner="") is None
