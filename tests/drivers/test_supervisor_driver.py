@@ -241,13 +241,10 @@ async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_
         nursery.cancel_scope.cancel()
 
 
-async def test_a_dead_peer_is_acted_on_when_its_lease_falls_due_not_at_the_next_round(
-    autojump_clock,
-):
-    """The survivor times the death from its first sight of the victim's last counter and
-    runs a round right then (issue 16: detection at the lease, not at the round after). A
-    lease of 11 s with 2 s rounds: the due time falls a second before a round."""
-    h = Harness(shards=4)
+async def death_off_round(h: Harness, settle: float, last_act=None) -> float:
+    """w1 dies ``settle`` seconds after w2 started (after ``last_act()``, if given), with a
+    lease of ``LEASE_OFF_ROUND``: how long after w2's last sight of w1's counter w2 owned
+    every shard."""
     lease = attrs.evolve(h.config.lease, duration=LEASE_OFF_ROUND)
     h.config = attrs.evolve(h.config, lease=lease)
     w1_store, doomed = h.store.peer(), trio.CancelScope()
@@ -256,7 +253,9 @@ async def test_a_dead_peer_is_acted_on_when_its_lease_falls_due_not_at_the_next_
         await nursery.start(doomed_run, h.supervisor("w1", w1_store), doomed)
         await trio.sleep(3.0)
         await nursery.start(w2.run)
-        await trio.sleep(RECONCILE * 1.3)  # the death falls between two of w2's rounds
+        await trio.sleep(settle)
+        if last_act is not None:
+            await last_act()
         w1_store.unavailable = True
         doomed.cancel()
         with trio.fail_after(60):
@@ -265,7 +264,18 @@ async def test_a_dead_peer_is_acted_on_when_its_lease_falls_due_not_at_the_next_
         taken = trio.current_time()
         last_seen = w2.tracker._seen["w1"].changed_at
         nursery.cancel_scope.cancel()
-    assert LEASE_OFF_ROUND <= taken - last_seen <= LEASE_OFF_ROUND + 0.1
+    return taken - last_seen
+
+
+async def test_a_dead_peer_is_acted_on_when_its_lease_falls_due_not_at_the_next_round(
+    autojump_clock,
+):
+    """The survivor times the death from its first sight of the victim's last counter and
+    runs a round right then (issue 16: detection at the lease, not at the round after). A
+    lease of 11 s with 2 s rounds: the due time falls a second before a round."""
+    h = Harness(shards=4)
+    took = await death_off_round(h, RECONCILE * 1.3)  # between two of w2's rounds
+    assert LEASE_OFF_ROUND <= took <= LEASE_OFF_ROUND + 0.1
 
 
 async def test_a_dead_owners_shard_retaken_since_the_last_scan_is_taken_in_the_death_round(
@@ -276,28 +286,18 @@ async def test_a_dead_owners_shard_retaken_since_the_last_scan_is_taken_in_the_d
     fails its condition. It is read and taken at that epoch at once, not a round later (row
     9 measured such takes 2 s late)."""
     h = Harness(shards=4)
-    lease = attrs.evolve(h.config.lease, duration=LEASE_OFF_ROUND)
-    h.config = attrs.evolve(h.config, lease=lease)
-    w1_store, doomed = h.store.peer(), trio.CancelScope()
-    w2 = h.supervisor("w2")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(doomed_run, h.supervisor("w1", w1_store), doomed)
-        await trio.sleep(3.0)
-        await nursery.start(w2.run)
-        await trio.sleep(15.0)  # balanced; w2's last scan is behind it
-        owners = await h.owners()
-        shard = next(s for s, (owner, _) in sorted(owners.items()) if owner == "w1")
-        await h.store.take(shard, "w1", "w1", owners[shard][1], 0.0)  # its last act
-        w1_store.unavailable = True
-        doomed.cancel()
-        with trio.fail_after(60):
-            while {o for o, _ in (await h.owners()).values()} != {"w2"}:
-                await trio.sleep(0.001)
-        taken = trio.current_time()
-        last_seen = w2.tracker._seen["w1"].changed_at
-        nursery.cancel_scope.cancel()
-    assert LEASE_OFF_ROUND <= taken - last_seen <= LEASE_OFF_ROUND + 0.1
-    assert (await h.owners())[shard][1] == owners[shard][1] + 2
+    before: dict[str, tuple[str, int]] = {}
+
+    async def retake_one() -> None:  # w1's last act: a take of its own shard, a new epoch
+        before.update(await h.owners())
+        shard = next(s for s, (owner, _) in sorted(before.items()) if owner == "w1")
+        await h.store.take(shard, "w1", "w1", before[shard][1], 0.0)
+        before["retaken"] = (shard, before[shard][1])
+
+    took = await death_off_round(h, 15.0, retake_one)  # balanced, w2's last scan behind it
+    assert LEASE_OFF_ROUND <= took <= LEASE_OFF_ROUND + 0.1
+    shard, epoch = before["retaken"]
+    assert (await h.owners())[shard][1] == epoch + 2
 
 
 LEASE_OFF_ROUND = 11.0  # not a multiple of RECONCILE
