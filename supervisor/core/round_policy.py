@@ -65,6 +65,9 @@ class ScanSchedule:
     _rescan: bool = True  # nothing scanned yet
     _scanned_at: float = float("-inf")
     _seen: object = None
+    # A round that only lost members planned on the last scan: the scan it deferred runs in a
+    # second round at once (the dead owner may hold shards the last scan showed elsewhere).
+    deferred: bool = False
 
     def invalidate(self) -> None:
         """Our own leases changed (a take, a runner ended, a reload): scan next round."""
@@ -72,22 +75,24 @@ class ScanSchedule:
 
     def due(self, signature: tuple[object, ...], now: float) -> bool:
         """True: scan before planning. A round that only lost members (a death, a clean exit)
-        plans on the last scan and scans at the next round: the lost members' shards are
-        taken a Scan sooner, and a take planned on a view a change made stale only fails its
-        condition (owner and epoch)."""
+        plans on the last scan and sets ``deferred``: the driver runs a second round at once,
+        which scans. The lost members' shards the last scan shows are taken a Scan sooner; a
+        take planned on a view a change made stale only fails its condition (owner and
+        epoch); and those the last scan showed elsewhere (the dead owner took them since) are
+        taken a Scan later, not a round later."""
         if self._rescan or now - self._scanned_at >= self.full_scan_interval:
             return True
         if signature == self._seen:
             return False
         if isinstance(self._seen, tuple) and only_members_lost(self._seen, signature):
-            self._rescan = True
+            self._rescan = self.deferred = True
             return False
         return True
 
     def scanned(self, now: float) -> None:
         """A full scan finished at ``now``."""
         self._scanned_at = now
-        self._rescan = False
+        self._rescan = self.deferred = False
 
     def saw(self, signature: object) -> None:
         """The signature this round ended with (the next round compares against it)."""

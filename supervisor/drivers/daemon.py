@@ -512,6 +512,8 @@ class Supervisor:
         while True:
             try:
                 await self._reconcile_once()
+                if self._scans.deferred:  # a death's round planned on the last scan: now scan
+                    await self._reconcile_once()
             except StoreUnavailable as exc:
                 log.warning("reconcile skipped: %s", exc)
             await self.liveness.next_round(self.config.lease.reconcile_interval)

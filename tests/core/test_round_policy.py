@@ -89,9 +89,11 @@ def test_a_round_that_only_lost_members_plans_on_the_last_scan_and_scans_next():
     scans.saw(round_signature("me", LIVE, (), [worker("me")]))
     died = round_signature("me", {("me", "live"), ("w2", "dead")}, (), [worker("me")])
     assert not scans.due(died, now=1.0)
+    assert scans.deferred  # the driver runs the deferred scan's round at once
     scans.saw(died)
-    assert scans.due(died, now=2.0)  # the deferred scan, though nothing changed since
-    scans.scanned(2.0)
+    assert scans.due(died, now=1.01)  # the deferred scan, though nothing changed since
+    scans.scanned(1.02)
+    assert not scans.deferred
     assert not scans.due(died, now=3.0)
     came_back = round_signature("me", LIVE, (), [worker("me")])
     assert scans.due(came_back, now=4.0)  # a member gained is a scan first

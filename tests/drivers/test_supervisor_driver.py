@@ -242,7 +242,7 @@ async def test_a_dead_supervisors_shards_move_after_the_lease_duration(autojump_
 
 
 async def death_off_round(h: Harness, settle: float, last_act=None) -> float:
-    """w1 dies ``settle`` seconds after w2 started (after ``last_act()``, if given), with a
+    """w1 dies ``settle`` seconds after w2 started (after ``last_act(w2)``, if given), with a
     lease of ``LEASE_OFF_ROUND``: how long after w2's last sight of w1's counter w2 owned
     every shard."""
     lease = attrs.evolve(h.config.lease, duration=LEASE_OFF_ROUND)
@@ -255,7 +255,7 @@ async def death_off_round(h: Harness, settle: float, last_act=None) -> float:
         await nursery.start(w2.run)
         await trio.sleep(settle)
         if last_act is not None:
-            await last_act()
+            await last_act(w2)
         w1_store.unavailable = True
         doomed.cancel()
         with trio.fail_after(60):
@@ -288,7 +288,7 @@ async def test_a_dead_owners_shard_retaken_since_the_last_scan_is_taken_in_the_d
     h = Harness(shards=4)
     before: dict[str, tuple[str, int]] = {}
 
-    async def retake_one() -> None:  # w1's last act: a take of its own shard, a new epoch
+    async def retake_one(w2: Supervisor) -> None:  # w1's last act: a take of its own, anew
         before.update(await h.owners())
         shard = next(s for s, (owner, _) in sorted(before.items()) if owner == "w1")
         await h.store.take(shard, "w1", "w1", before[shard][1], 0.0)
