@@ -300,12 +300,7 @@ class Supervisor:
             )
         self._use_protocol(protocol)
         sent = self.now()
-        item = self._worker_item()
-        await self.store.register_worker(item)
-        self._advertised = item.standbys
-        self._announced_state = item.state
-        self._advertised_held = 0
-        await self._announce_own("join")
+        await self._write_own_item("join")
         await self.liveness.clear_death_marker(self.worker_id)  # our earlier incarnation's
         self._registered_at = sent
         self.lease.heartbeat_succeeded(sent)
@@ -370,10 +365,18 @@ class Supervisor:
         the change announced; shards come back only through conditional takes."""
         log.error("%s: stopping every shard and joining again", why)
         self._lose_all(why)
-        await self.store.register_worker(self._worker_item())
-        self._advertised, self._announced_state, self._advertised_held = (), "running", 0
         self._own_read_at = None
-        await self._announce_own("rejoin")
+        await self._write_own_item("rejoin")
+
+    async def _write_own_item(self, why: str) -> None:
+        """Our item written afresh (registration), what it advertises noted, the change
+        announced."""
+        item = self._worker_item()
+        await self.store.register_worker(item)
+        self._advertised = item.standbys
+        self._announced_state = item.state
+        self._advertised_held = 0
+        await self._announce_own(why)
 
     # --- loops ---------------------------------------------------------------------------------
 
@@ -743,16 +746,11 @@ class Supervisor:
             if item is None or not item.spec or item.retired_at:
                 self._unrunnable[shard_id] = now
                 continue
-            try:
-                self._runnable[shard_id] = decode_spec(shard_id, item.spec)
-            except ConfigError as exc:
+            shard = self._decode_registered(item)
+            if shard is None:
                 self._unrunnable[shard_id] = now
-                if self._spec_reports.first_time(shard_id, item.spec):
-                    log.error(
-                        "registered shard %s has an invalid spec, not running it: %s",
-                        shard_id,
-                        "; ".join(exc.problems),
-                    )
+            else:
+                self._runnable[shard_id] = shard
 
     async def _sweep(self, now: float) -> None:
         """Protocol 2's backstop: one member per period (``routing.sweeper``, alike from the
@@ -833,16 +831,24 @@ class Supervisor:
         }
         runnable.update(self._shards)
         for item in shard_set.registered_candidates(self._shards, snapshot.shards):
-            try:
-                runnable[item.id] = decode_spec(item.id, item.spec)
-            except ConfigError as exc:
-                if self._spec_reports.first_time(item.id, item.spec):
-                    log.error(
-                        "registered shard %s has an invalid spec, not running it: %s",
-                        item.id,
-                        "; ".join(exc.problems),
-                    )
+            shard = self._decode_registered(item)
+            if shard is not None:
+                runnable[item.id] = shard
         self._runnable = runnable
+
+    def _decode_registered(self, item: ShardItem) -> ShardConfig | None:
+        """A registered shard's definition (`shards add`), or None when its spec is invalid
+        (logged once per spec)."""
+        try:
+            return decode_spec(item.id, item.spec)
+        except ConfigError as exc:
+            if self._spec_reports.first_time(item.id, item.spec):
+                log.error(
+                    "registered shard %s has an invalid spec, not running it: %s",
+                    item.id,
+                    "; ".join(exc.problems),
+                )
+            return None
 
     async def _handoff_poll_loop(self) -> None:
         """Shards handed to us by name (drain, rebalance, `release`) and make-before-break
