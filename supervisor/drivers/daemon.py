@@ -610,10 +610,12 @@ class Supervisor:
         )
         for shard_id in await self._confirm_lost(actions.lose):
             self.runners[shard_id].lose("the table shows another owner or epoch")
-        if actions.shed and self.protocol == 2:  # name successors from current counts
+        shed = actions.shed
+        if shed and self.protocol == 2:  # name successors from current counts
             await self._observe_members(MEMBERS_READ_TIMEOUT)
-        successors = self._successors(actions.shed)
-        for shard_id in actions.shed:
+            shed = tuple(sid for sid in shed if sid in self.runners)  # not ended meanwhile
+        successors = self._successors(shed)
+        for shard_id in shed:
             log.info("handing off for balance", extra={"shard": shard_id})
             self.recently_shed[shard_id] = now
             self._leave(shard_id, LeaveReason.REBALANCE, successors.get(shard_id, ""))
