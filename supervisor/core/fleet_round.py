@@ -10,7 +10,8 @@ daemon (``drivers.daemon``) reads, writes and keeps time.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -107,15 +108,54 @@ def successors(
     shard_count: int,
     accepting: bool,
     my_cap: int,
+    prefer: Callable[[str], Sequence[str]] = lambda shard: (),
 ) -> dict[str, str]:
     """A successor per shard we hand off, dealt from the members' counts
     (``membership.deal_excess``) so that no two shedders overfill one worker; a shard the
-    short members cannot absorb gets none (it goes back to its vacant bucket)."""
+    short members cannot absorb gets none (it goes back to its vacant bucket). Each shard
+    goes to one of its ``prefer`` (its standbys, nearest first) when one was dealt, or has
+    room under its share (it then takes the place of the last name dealt): the hand-off is
+    a promotion, no spawn and no connect. Never past a share: a promotion that overfilled a
+    worker would only be moved again."""
     shares = targets(members, shard_count, me, my_cap, accepting)
     held = {m.id: m.held for m in members if m.state in ("running", "draining")}
     held[me] = holding
     names = deal_excess(shares, held).get(me, ())
-    return {sid: names[i] for i, sid in enumerate(shard_ids) if i < len(names) and names[i]}
+    slots = [names[i] if i < len(names) else "" for i in range(len(shard_ids))]
+    chosen: dict[str, str] = {}
+    for sid in shard_ids:  # a standby among the names dealt: swapped in
+        match = next((w for w in prefer(sid) if w and w in slots), "")
+        if match:
+            slots.remove(match)
+            chosen[sid] = match
+    given = Counter(chosen.values()) + Counter(n for n in slots if n)
+    for sid in shard_ids:  # a standby with room under its share: it takes a dealt name's place
+        match = next(
+            (
+                w
+                for w in prefer(sid)
+                if w
+                and w != me
+                and sid not in chosen
+                and held.get(w, 0) + given[w] < shares.get(w, 0)
+            ),
+            "",
+        )
+        if not match:
+            continue
+        dealt = [i for i, n in enumerate(slots) if n]
+        if dealt:
+            given[slots.pop(dealt[-1])] -= 1
+        else:
+            slots.pop()
+        given[match] += 1
+        chosen[sid] = match
+    for sid in shard_ids:
+        if sid not in chosen:
+            name = slots.pop(0)
+            if name:
+                chosen[sid] = name
+    return {sid: chosen[sid] for sid in shard_ids if sid in chosen}
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -149,4 +149,80 @@ def stands_by(
     return candidates.index(me) < k or shard in marked
 
 
-__all__ = ["VNODES", "Ring", "point", "standbys", "stands_by", "wants_extra"]
+def candidates_of(ring: Ring, shard: str, k: int) -> tuple[str, ...]:
+    """A shard wanting ``k`` standbys: its first ``k + 1`` candidates on a ring built for at
+    least ``k`` (a prefix of the ring's: the same walk, cut shorter)."""
+    return ring.candidates(shard)[: k + 1]
+
+
+def first_standby(ring: Ring, shard: str, holder: str, k: int) -> str:
+    """The standby that takes the shard first when ``holder`` dies ("" = none wanted). The
+    same with or without ``holder`` among the ring's members: leaving it out keeps the
+    others' order."""
+    if k <= 0:
+        return ""
+    found = standbys(candidates_of(ring, shard, k), holder, k)
+    return found[0] if found else ""
+
+
+@attrs.frozen
+class RingPlacement:
+    """The shards one worker runs standbys for, and the ones its cap left uncovered."""
+
+    mine: frozenset[str] = frozenset()
+    uncovered: frozenset[str] = frozenset()
+
+
+def place_on_ring(
+    me: str,
+    ring: Ring,
+    wanted: Mapping[str, int],
+    *,
+    holding: Collection[str],
+    marked: Collection[str],
+    cap: int = 0,
+) -> RingPlacement:
+    """The shards ``me`` stands by for (``stands_by``), from the shards of the ring that count
+    it among their candidates, each wanting ``wanted[shard]`` standbys (absent: none). Past
+    ``cap`` (0 = none) it keeps the shards whose candidates it leads (nearest first, then by
+    id) and leaves the others uncovered: caps are local, nobody else counts them."""
+    found: list[tuple[int, str]] = []
+    for shard in ring.candidate_for(me):
+        k = wanted.get(shard, 0)
+        if k <= 0:
+            continue
+        cands = candidates_of(ring, shard, k)
+        if stands_by(me, cands, holds=shard in holding, marked=marked, shard=shard, k=k):
+            found.append((cands.index(me), shard))
+    found.sort()
+    kept = found if cap <= 0 else found[:cap]
+    left = found[len(kept) :]
+    return RingPlacement(frozenset(s for _, s in kept), frozenset(s for _, s in left))
+
+
+def markers_wanted(
+    me: str, ring: Ring, held: Iterable[str], wanted: Mapping[str, int]
+) -> dict[str, str]:
+    """For each shard ``me`` holds that wants standbys: whom its marker names ("" = nobody,
+    ``wants_extra``). Shards wanting none are left out (no marker at all)."""
+    out = {}
+    for shard in held:
+        k = wanted.get(shard, 0)
+        if k > 0:
+            out[shard] = wants_extra(candidates_of(ring, shard, k), me, k)
+    return out
+
+
+__all__ = [
+    "VNODES",
+    "Ring",
+    "RingPlacement",
+    "candidates_of",
+    "first_standby",
+    "markers_wanted",
+    "place_on_ring",
+    "point",
+    "standbys",
+    "stands_by",
+    "wants_extra",
+]

@@ -85,3 +85,40 @@ def test_successors_are_dealt_to_the_short_members_without_overfilling_one():
     assert deal(["s1", "s2", "s3", "s4"], True) == {"s1": "b", "s2": "b", "s3": "b"}
     # Draining: everything goes, targets 5 and 4 without us.
     assert sorted(deal([f"s{i}" for i in range(6)], False).values()) == ["b"] * 5 + ["c"]
+
+
+def test_successors_prefer_a_standby_dealt_or_with_room_never_past_a_share():
+    def deal(fleet, shards, prefer, accepting=False, holding=4, count=8):
+        return successors(
+            shards,
+            me="me",
+            members=fleet,
+            holding=holding,
+            shard_count=count,
+            accepting=accepting,
+            my_cap=0,
+            prefer=lambda shard: prefer.get(shard, ()),
+        )
+
+    # Draining 4 of 8 shards to b (holding 2) and c (holding 2): targets 4 each.
+    fleet = members(me=4, b=2, c=2)
+    plain = deal(fleet, ["s1", "s2", "s3", "s4"], {})
+    assert sorted(plain.values()) == ["b", "b", "c", "c"]
+    # Each shard to its standby, the counts as dealt.
+    prefer = {"s1": ("c",), "s2": ("c",), "s3": ("b",), "s4": ("b",)}
+    assert deal(fleet, ["s1", "s2", "s3", "s4"], prefer) == prefer | {
+        s: w[0] for s, w in prefer.items()
+    }
+    # A third shard whose standby is c: c would pass its share, so it goes to b.
+    prefer = {"s1": ("c",), "s2": ("c",), "s3": ("c",), "s4": ("b",)}
+    chosen = deal(fleet, ["s1", "s2", "s3", "s4"], prefer)
+    assert sorted(chosen.values()) == ["b", "b", "c", "c"]
+    assert chosen["s4"] == "b" and [chosen["s1"], chosen["s2"]] == ["c", "c"]
+    # A standby with room that was not dealt takes the last dealt name's place.
+    fleet = members(me=5, b=0, c=2)  # shedding one of 9 (shares 3): b lacks 3, c lacks 1
+    assert deal(fleet, ["s1"], {}, accepting=True, holding=5, count=9) == {"s1": "b"}
+    assert deal(fleet, ["s1"], {"s1": ("c",)}, accepting=True, holding=5, count=9) == {"s1": "c"}
+    # Never ourselves, never past a share.
+    assert deal(fleet, ["s1"], {"s1": ("me",)}, accepting=True, holding=5, count=9) == {"s1": "b"}
+    full = members(me=5, b=0, c=3)
+    assert deal(full, ["s1"], {"s1": ("c",)}, accepting=True, holding=5, count=9) == {"s1": "b"}

@@ -7,7 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.core.partition_keys import registration_key, registration_reads, registration_spot
-from supervisor.core.standby_ring import Ring, point, standbys, stands_by, wants_extra
+from supervisor.core.standby_ring import (
+    Ring,
+    candidates_of,
+    first_standby,
+    markers_wanted,
+    place_on_ring,
+    point,
+    standbys,
+    stands_by,
+    wants_extra,
+)
 
 members = st.sets(st.sampled_from([f"w{i}" for i in range(30)]), min_size=1, max_size=12)
 shard_ids = [f"s{i}" for i in range(200)]
@@ -116,3 +126,57 @@ def test_the_range_queries_split_at_key_boundaries_and_wrap():
     ]
     whole = registration_reads(0, 0)  # every member a candidate of every shard
     assert [key for key, _, _ in whole] == [f"reg#{n:02x}" for n in range(256)]
+
+
+@given(members, st.integers(1, 3), st.sampled_from(shard_ids))
+def test_the_placement_runs_each_standby_on_exactly_the_workers_the_definition_names(
+    live, k, shard
+):
+    """Every worker placing alone, from the ring, its holdings and the markers naming it:
+    the shard's standbys are exactly ``standbys(candidates, holder, k)``, none on the holder."""
+    ring = Ring.build(live, shard_ids, k)
+    holder = sorted(live)[0]
+    cands = ring.candidates(shard)
+    names = markers_wanted(holder, ring, [shard], {shard: k})
+    assert names == {shard: wants_extra(cands, holder, k)}
+    running = {
+        me
+        for me in live
+        if shard
+        in place_on_ring(
+            me,
+            ring,
+            {shard: k},
+            holding={shard} if me == holder else set(),
+            marked={shard} if names[shard] == me else set(),
+        ).mine
+    }
+    assert running == set(standbys(cands, holder, k))
+    assert first_standby(ring, shard, holder, k) == (standbys(cands, holder, k) or ("",))[0]
+
+
+def test_a_shard_wanting_fewer_standbys_uses_a_prefix_of_its_candidates():
+    ring = Ring.build([f"w{i}" for i in range(8)], shard_ids, 3)
+    shard = "s1"
+    assert candidates_of(ring, shard, 1) == ring.candidates(shard)[:2]
+    holder = ring.candidates(shard)[3]  # not among the first two
+    placed = {
+        me
+        for me in ring.members
+        if shard in place_on_ring(me, ring, {shard: 1}, holding=(), marked=()).mine
+    }
+    assert placed == {ring.candidates(shard)[0]}
+    assert first_standby(ring, shard, holder, 1) == ring.candidates(shard)[0]
+    assert first_standby(ring, shard, holder, 0) == ""
+    assert markers_wanted(holder, ring, [shard], {shard: 0}) == {}
+
+
+def test_a_cap_keeps_the_shards_whose_candidates_we_lead():
+    ring = Ring.build(["a", "b"], [f"s{i}" for i in range(6)], 1)  # both candidates of all
+    wanted = {f"s{i}": 1 for i in range(6)}
+    full = place_on_ring("a", ring, wanted, holding=(), marked=())
+    led = {s for s in full.mine if ring.candidates(s)[0] == "a"}
+    capped = place_on_ring("a", ring, wanted, holding=(), marked=(), cap=len(led))
+    assert capped.mine == led
+    assert capped.uncovered == full.mine - led
+    assert place_on_ring("a", ring, {}, holding=(), marked=()).mine == frozenset()
