@@ -87,6 +87,7 @@ class WorkerRead:
     protocol: int = 1  # the meta item's: 2 once `init-table --protocol 2` flipped the fleet
     registered_count: int = 0  # shards registered with `shards add` (protocol 2's targets)
     consistent: bool = True  # False: the meta item from a replica that may lag
+    shardgen: int = 0  # the meta item's: raised by every `shards add` and `remove`
 
 
 @attrs.frozen

@@ -65,9 +65,12 @@ from supervisor.core.membership import worker_of
 from supervisor.core.partition_keys import VACANT_BUCKETS, start_spot, vacant_buckets
 from supervisor.core.planner import Take, plan_round
 from supervisor.core.runner_state import RunnerState
+from supervisor.core.standby import StandbyPriority
+from supervisor.core.standby_ring import RingPlacement
 from supervisor.drivers.handoff import TAKEN, ShardWatch
 from supervisor.drivers.liveness import STORE_WRITE_TIMEOUT, Liveness
 from supervisor.drivers.reporting import Reporter
+from supervisor.drivers.ring_standbys import RingStandbys
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 from supervisor.drivers.standbys import StandbyKeeper
 from supervisor.drivers.together import both
@@ -82,11 +85,6 @@ MEMBERS_READ_TIMEOUT = 1.0  # a drain's fresh read of the worker items (at most 
 RELEASE_HANDED_OVER_TIMEOUT = 5.0  # releasing a shard handed over while we stop taking
 NOTICE_CLEAR_TIMEOUT = 2.0  # clearing an answered request's notice: best effort
 VACANT_READS_AT_ONCE = 16  # protocol 2: a short worker's vacant buckets, read side by side
-
-
-class ProtocolUnsupported(Exception):
-    """The table runs a protocol this configuration cannot run (exit 78, the message says
-    what to change)."""
 
 
 class Supervisor:
@@ -126,7 +124,6 @@ class Supervisor:
         self._short_scan_at = float("-inf")  # protocol 2: when we last read every bucket
         self._sweep_at = float("-inf")  # protocol 2: our last sweep of dead members' shards
         self._addressed: tuple[tuple[ShardItem, ...], float] | None = None  # the poll's last
-        self._protocol_refused = False  # a flip to protocol 2 we cannot follow, logged
         self._unrunnable: dict[str, float] = {}  # listed for us, no definition to run: since
         self.ctx = RunnerContext(
             config,
@@ -141,6 +138,10 @@ class Supervisor:
             self.watch,
         )
         self.keeper = StandbyKeeper(self.ctx, self._start_standby)
+        self.ring = RingStandbys(  # protocol 2's standby placement
+            worker_id, self.fleet, config.standby.count, _standby_overrides(config.shards)
+        )
+        self.liveness.first_standby = self.ring.first
         self._advertised: tuple[str, ...] | None = None  # standbys our item shows
         self._announced_state = ""  # our item's state as last announced (membership)
         self._advertised_held: int | None = None  # the shard count our item shows
@@ -217,6 +218,7 @@ class Supervisor:
         for shard_id in diff.added:
             await self.store.ensure_shard(shard_id)
         configured, self._shards = self._shards, dict(diff.shards)
+        self.ring.overrides = _standby_overrides(self._shards.values())
         if self.protocol == 2:  # registered shards' definitions as learned, not from a scan
             learned = {s: c for s, c in self._runnable.items() if s not in configured}
             self._runnable = {**learned, **self._shards}
@@ -245,9 +247,6 @@ class Supervisor:
         except StoreUnavailable as exc:
             log.error("lease store unreachable at start-up: %s", exc)
             return exit_codes.STORE_UNAVAILABLE
-        except ProtocolUnsupported as exc:
-            log.error("%s", exc)
-            return exit_codes.CONFIG
         self.state = SupervisorState.RUNNING
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -291,14 +290,7 @@ class Supervisor:
             log.info("created table %s", self.config.dynamodb.table)
         for shard_id in self._shards:
             await self.store.ensure_shard(shard_id)
-        protocol = (await self.fleet.read_meta()).protocol
-        if protocol >= 2 and self._wants_standbys():
-            raise ProtocolUnsupported(
-                f"table {self.config.dynamodb.table} runs protocol 2, which places no warm "
-                "standbys yet: set [standby] count = 0 and no [[shards]] standbys, or return "
-                "the fleet to protocol 1 (shardvisor init-table --protocol 1)"
-            )
-        self._use_protocol(protocol)
+        self._use_protocol((await self.fleet.read_meta()).protocol)
         sent = self.now()
         await self._write_own_item("join")
         await self.liveness.clear_death_marker(self.worker_id)  # our earlier incarnation's
@@ -328,30 +320,16 @@ class Supervisor:
             features=self._features(),
         )
 
-    def _wants_standbys(self) -> bool:
-        default = self.config.standby.count
-        return default > 0 or any(s.standby_count(default) > 0 for s in self._shards.values())
-
     def _features(self) -> frozenset[str]:
-        """What this version does; ``p2`` (it runs protocol 2, so `init-table --protocol 2`
-        may flip the fleet) unless it is configured with standbys, which protocol 2 does not
-        place yet."""
-        features = {FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE}
-        return frozenset(features if self._wants_standbys() else features | {FEATURE_P2})
+        """What this version does; ``p2``: it runs protocol 2, so `init-table --protocol 2`
+        may flip the fleet."""
+        return frozenset({FEATURE_MBB, FEATURE_HANDOVER, FEATURE_HANDOFF_NOTICE, FEATURE_P2})
 
     def _use_protocol(self, protocol: int) -> None:
         """Switch at a round's boundary when the meta item's ``protocol`` moved (a flip by
         `init-table --protocol 2`, or its rollback)."""
         protocol = 2 if protocol >= 2 else 1
         if protocol == self.protocol:
-            return
-        if protocol == 2 and self._wants_standbys():
-            if not self._protocol_refused:  # once: the flip is refused while we live
-                self._protocol_refused = True
-                log.error(
-                    "the table now runs protocol 2, which places no warm standbys: this "
-                    "worker stays on protocol 1's reads (it did not advertise p2)"
-                )
             return
         log.warning("the fleet runs protocol %d from now on", protocol)
         self.protocol = protocol
@@ -582,9 +560,16 @@ class Supervisor:
         if self.operator_drain != draining:
             await self._advertise_state(MEMBERS_READ_TIMEOUT)
         accepting = self._accepting(now)
-        priority = await self.keeper.place(
-            snapshot, tracker=self.tracker, runnable=self._runnable, accepting=accepting, now=now
-        )
+        if self.protocol == 2:
+            priority = await self._place_on_ring(snapshot, accepting, now)
+        else:
+            priority = await self.keeper.place(
+                snapshot,
+                tracker=self.tracker,
+                runnable=self._runnable,
+                accepting=accepting,
+                now=now,
+            )
         active = {sid: r for sid, r in self.runners.items() if r.state.holds_lease}
         plan = plan_round(
             me=self.worker_id,
@@ -620,18 +605,20 @@ class Supervisor:
             self.recently_shed[shard_id] = now
             self._leave(shard_id, LeaveReason.REBALANCE, successors.get(shard_id, ""))
         running = self.runners.keys() | self._taking
-        handed = (
-            await self.keeper.hand_back(snapshot, running=running, tracker=self.tracker, now=now)
-            if warm
-            else set()
-        )
+        handed = await self._hand_back(snapshot, running, now) if warm else set()
         async with trio.open_nursery() as nursery:  # a cold start's takes side by side
             limiter = trio.CapacityLimiter(TAKES_AT_ONCE)
             for take in actions.take:
                 if take.shard_id not in handed:
                     nursery.start_soon(self._take_when_valid, take, limiter)
-        items = {item.id: item for item in snapshot.shards}
-        self.keeper.apply(items, self._runnable, self.runners.keys() | self._taking, self.now())
+        owned = self.runners.keys() | self._taking
+        if self.protocol == 2:
+            items = await self._standby_items(owned)
+            held = {sid: r.epoch for sid, r in self.runners.items() if r.state.holds_lease}
+            await self.ring.write_markers(held)
+        else:
+            items = {item.id: item for item in snapshot.shards}
+        self.keeper.apply(items, self._runnable, owned, self.now())
         try:
             await self.keeper.check_coverage()
         except StoreUnavailable as exc:
@@ -640,7 +627,65 @@ class Supervisor:
             await self._answer_handoff_requests(requests)
         self.notifier.notify(status=self._status_line())
 
+    async def _hand_back(self, snapshot: Snapshot, running, now: float) -> set[str]:
+        """``StandbyKeeper.hand_back``; on protocol 2 the first standbys' readiness is read
+        from their items (strongly consistent, only while our name is on shards we do not run:
+        after a restart under our own id)."""
+        ready = None
+        if self.protocol == 2:
+            firsts = self.keeper.firsts_of_ours(snapshot.shards, running)
+            ready = {}
+            if firsts:
+                read = await self.store.read_worker_items(firsts)
+                ready = {worker.id: worker.standbys for worker in read.workers}
+        return await self.keeper.hand_back(
+            snapshot, running=running, tracker=self.tracker, now=now, ready=ready
+        )
+
     # --- protocol 2's round ----------------------------------------------------------------------
+
+    async def _place_on_ring(
+        self, snapshot: Snapshot, accepting: bool, now: float
+    ) -> StandbyPriority:
+        """Protocol 2's standby placement (``drivers.ring_standbys``): the ring of the running
+        members (us while we take shards), our arcs' registered shards (their definitions
+        read once), the markers naming us."""
+        me = self.worker_id
+        if self.ring.widest() <= 0:  # no standby wanted: no ring, no reads
+            return self.keeper.place_on_ring(RingPlacement(), {})
+        live = {m.id for m in self.liveness.members if m.state == "running"}
+        live = live | {me} if accepting else live - {me}
+        read = self.liveness.last_read
+        registered = await self.ring.refresh(
+            live=live,
+            configured=self._shards,
+            shardgen=read.shardgen if read is not None else 0,
+            now=now,
+            marker_period=self.config.lease.duration,
+        )
+        unknown = sorted(s for s in registered if s not in self._runnable)
+        await self._learn_definitions([ShardItem(s, "", 0) for s in unknown])
+        holding = self.runners.keys() | self._taking
+        cap = self.config.worker.max_standbys
+        placement = self.ring.place(self._runnable, holding, cap) if accepting else None
+        held = {
+            item.id: self.ring.standbys_of(item.id, me)
+            for item in snapshot.shards
+            if item.owner == me
+        }
+        return self.keeper.place_on_ring(placement or RingPlacement(), held)
+
+    async def _standby_items(self, owned) -> dict[str, ShardItem]:
+        """Protocol 2: the items of the shards whose standby starts now (their epoch and
+        checkpoint), one consistent batch; unread, they start next round."""
+        starting = self.keeper.to_start(self._runnable, owned, self.now())
+        if not starting:
+            return {}
+        try:
+            return await self.store.read_shards(starting)
+        except StoreUnavailable as exc:
+            log.warning("standbys not started this round: %s", exc)
+            return {}
 
     async def _observe_fleet(self) -> tuple[Snapshot, tuple[HandoffRequest, ...], bool, int]:
         """Protocol 2: no scan. The round plans on what concerns us (``core.fleet_round``): the
@@ -992,6 +1037,7 @@ class Supervisor:
                 shard_count=len(self._shards) + registered,
                 accepting=self._accepting(self.now()),
                 my_cap=self.config.worker.max_shards,
+                prefer=lambda shard: self.ring.standbys_of(shard, self.worker_id),
             )
         snapshot = self._snapshot
         return handoff.successors(
@@ -1271,6 +1317,11 @@ class Supervisor:
             runners=self.runners,
         )
         return {**status, "standbys": self.keeper.local_status()}
+
+
+def _standby_overrides(shards) -> dict[str, int]:
+    """The configured shards' own ``standbys`` settings (the others follow standby.count)."""
+    return {s.id: s.standbys for s in shards if s.standbys is not None}
 
 
 def _json(status: int, body: dict) -> Response:

@@ -72,6 +72,8 @@ class Liveness:
         self.members: tuple[Member, ...] = ()
         self._reread_for: int | None = None  # a generation whose member list is read again
         self.own: WorkerItem | None = None  # our item as our last heartbeat wrote it
+        # Protocol 2's standby-first rule: (shard, its dead holder) -> its first standby.
+        self.first_standby: Callable[[str, str], str] = lambda shard, holder: ""
         self._rounds = 0
         self.fleet = store.fleet()
 
@@ -191,7 +193,12 @@ class Liveness:
             consistent = self._rounds % META_CONSISTENT_EVERY == 1
             meta = await self.fleet.read_meta(consistent=consistent)
             fresh = WorkerRead(
-                meta.generation, (), meta.protocol, meta.registered_count, consistent
+                meta.generation,
+                (),
+                meta.protocol,
+                meta.registered_count,
+                consistent,
+                meta.shardgen,
             )
         if self.own is not None:
             workers = {worker.id: worker for worker in fresh.workers}
@@ -312,7 +319,8 @@ class Liveness:
         """Protocol 2: name a successor on each of a gone worker's shards (owned by it, or
         addressed to it and not taken), conditional on the owner and epoch listed; the named
         worker's hand-off poll takes it. ``core.routing.route`` chooses from our view: the
-        highest-ranked live member with room (protocol 2 places no standbys yet).
+        shard's first standby on the ring (``first_standby``) if it is live and has room,
+        else the highest-ranked live member with room.
 
         Listed first, then the worker read strongly consistently: only if it is still gone
         (``dead`` or ``stopped``) is anything routed. A worker that joined again in between
@@ -343,6 +351,7 @@ class Liveness:
                     live=live,
                     caps={m.id: m.max_shards for m in self.members if m.max_shards},
                     held={m.id: m.held for m in self.members},
+                    first_standby=lambda shard: self.first_standby(shard, dead),
                 )
                 routed = 0
                 for item in items:

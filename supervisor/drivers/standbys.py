@@ -33,6 +33,7 @@ from supervisor.core.standby import (
     place_standbys,
     standby_priority,
 )
+from supervisor.core.standby_ring import RingPlacement
 from supervisor.drivers.handoff import TAKEN, Adopt, Answer
 from supervisor.drivers.shard_runner import RunnerContext, ShardRunner
 
@@ -119,6 +120,52 @@ class StandbyKeeper:
             wait=cfg.lease.reconcile_interval,
         )
 
+    def firsts_of_ours(self, shards: Iterable[ShardItem], running: Collection[str]) -> set[str]:
+        """The first standbys of the shards in our name that we do not run (an earlier
+        incarnation's): whose readiness ``hand_back`` needs."""
+        me = self.ctx.worker_id
+        found = (
+            self.placement.first(item.id)
+            for item in shards
+            if item.owner == me and item.id not in running
+        )
+        return {first for first in found if first and first != me}
+
+    def place_on_ring(
+        self, placement: RingPlacement, held: Mapping[str, tuple[str, ...]]
+    ) -> StandbyPriority:
+        """Protocol 2's placement (``drivers.ring_standbys``): ours from the ring, and the
+        standbys of the shards we hold (``held``: for ``hand_back``). A standby our
+        ``max_standbys`` leaves out is logged once. No claims and no waiting: a dead
+        owner's shard is routed to its first standby by name."""
+        me = self.ctx.worker_id
+        by_shard = dict(held)
+        by_shard.update((shard_id, (me,)) for shard_id in placement.mine)
+        self.placement = Placement(by_shard, {s: 1 for s in placement.uncovered})
+        for shard_id in self._unplaced.new(self.placement.unplaced):
+            log.warning(
+                "standby of %s not run here: this worker is at its max_standbys",
+                shard_id,
+                extra={"shard": shard_id},
+            )
+        return StandbyPriority()
+
+    def to_start(
+        self, runnable: Mapping[str, ShardConfig], owned: Collection[str], now: float
+    ) -> list[str]:
+        """The shards placed here whose standby should start now: ``runnable``, not ``owned``
+        by us or being taken, not running one already, not cooling down after a crash loop."""
+        window = self.ctx.config.supervisor.restart_window
+        self._cooling = {s: at for s, at in self._cooling.items() if now - at < window}
+        return [
+            shard_id
+            for shard_id in sorted(self.placement.mine(self.ctx.worker_id))
+            if shard_id not in self.runners
+            and shard_id not in owned
+            and shard_id not in self._cooling
+            and shard_id in runnable
+        ]
+
     def apply(
         self,
         items: Mapping[str, ShardItem],
@@ -126,23 +173,14 @@ class StandbyKeeper:
         owned: Collection[str],
         now: float,
     ) -> None:
-        """Run a standby for every shard placed here (and ``runnable``, not ``owned`` by us or
-        being taken, not cooling down after a crash loop); stop the others (not while they
-        answer a hand-off request, nor while a take will promote them)."""
+        """Run a standby for every shard ``to_start`` names (as ``items`` show it); stop the
+        others (not while they answer a hand-off request, nor while a take will promote
+        them)."""
         placed = self.placement.mine(self.ctx.worker_id)
-        window = self.ctx.config.supervisor.restart_window
-        self._cooling = {s: at for s, at in self._cooling.items() if now - at < window}
-        for shard_id in sorted(placed):
+        for shard_id in self.to_start(runnable, owned, now):
             item = items.get(shard_id)
-            if (
-                shard_id in self.runners
-                or shard_id in owned
-                or shard_id in self._cooling
-                or shard_id not in runnable
-                or item is None
-            ):
-                continue
-            self.start(runnable[shard_id], item, now)
+            if item is not None:
+                self.start(runnable[shard_id], item, now)
         for shard_id, runner in list(self.runners.items()):
             if shard_id not in placed and shard_id not in self.answering | set(owned):
                 runner.request_stop(NOT_PLACED, self._grace())
@@ -193,19 +231,26 @@ class StandbyKeeper:
         return None
 
     async def hand_back(
-        self, snapshot: Snapshot, *, running: Collection[str], tracker: PeerTracker, now: float
+        self,
+        snapshot: Snapshot,
+        *,
+        running: Collection[str],
+        tracker: PeerTracker,
+        now: float,
+        ready: Mapping[str, Collection[str]] | None = None,
     ) -> set[str]:
         """Shards an earlier incarnation of this worker held, released to their ready first
         standby (``core.standby.left_to_standbys``), which takes and promotes it: nothing
         lost on a live-only feed. Returns them all (those whose release was refused too:
-        someone else moved them), so that this round does not retake them."""
+        someone else moved them), so that this round does not retake them. ``ready``: each
+        worker's advertised ready standbys (default: the snapshot's worker items)."""
         me = self.ctx.worker_id
         chosen = left_to_standbys(
             me=me,
             shards=snapshot.shards,
             running=running,
             placement=self.placement,
-            ready={w.id: w.standbys for w in snapshot.workers},
+            ready=ready if ready is not None else {w.id: w.standbys for w in snapshot.workers},
             tracker=tracker,
             now=now,
         )

@@ -4,13 +4,11 @@ tests/e2e/test_protocol2_e2e.py."""
 
 from __future__ import annotations
 
-import attrs
 import trio
 from test_supervisor_driver import DURATION, HEARTBEAT, RECONCILE, Harness, doomed_run
 
 from shard_worker.contract.pipe import StreamSpec
-from supervisor import exit_codes
-from supervisor.config.model import ShardConfig, StandbyConfig
+from supervisor.config.model import ShardConfig
 from supervisor.config.shard_spec import encode_spec
 from supervisor.drivers.liveness import META_CONSISTENT_EVERY
 
@@ -183,11 +181,3 @@ async def test_a_worker_declared_dead_drops_everything_and_joins_again(autojump_
                 await trio.sleep(0.25)
         assert {owner for owner, _ in (await h.owners()).values()} == {"w1"}
         nursery.cancel_scope.cancel()
-
-
-async def test_standbys_on_a_protocol_2_table_are_refused_at_start(autojump_clock):
-    h = flipped(shards=1)
-    config = attrs.evolve(h.config, standby=StandbyConfig(count=1))
-    sup = h.supervisor("w1", config=config)
-    assert await sup.run() == exit_codes.CONFIG
-    assert await h.store.read_workers() == ()

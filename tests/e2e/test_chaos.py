@@ -41,17 +41,24 @@ async def test_chaos_on_protocol_2(tmp_path, ddb_url, table_name, nursery):
 
 
 @pytest.mark.parametrize("ddb_url", ["dynalite"], indirect=True)
-async def test_chaos_with_warm_standbys_on_a_live_feed(tmp_path, ddb_url, table_name, nursery):
+@pytest.mark.parametrize("protocol", [1, 2])
+async def test_chaos_with_warm_standbys_on_a_live_feed(
+    tmp_path, ddb_url, table_name, nursery, protocol
+):
     """The faults a standby bridges, on a live-only feed with `[standby] count = 1` (issue
-    14): epochs still never interleave, and nothing is lost where a standby took over. (Five
-    steps by default: the run is long; SHARDVISOR_CHAOS_STEPS/KINDS choose others.)"""
+    14): epochs still never interleave, and nothing is lost where a standby took over. On
+    protocol 1 and on protocol 2 (issue 16: standbys from the ring, routed to at a death).
+    (Five steps by default: the run is long; SHARDVISOR_CHAOS_STEPS/KINDS choose others.)"""
     feed = FeedServer(rate=200.0, stream_names=STREAMS, live=True)
     port = await nursery.start(feed.serve, "127.0.0.1", 0)
     url = f"ws://127.0.0.1:{port}/feed"
     fleet = Fleet(tmp_path, ddb_url, table_name, url, SHARDS, feed=feed, live_feed=True)
     fleet.settings["standby"] = {"count": 1}
     fleet.settings["lease"]["handoff_timeout"] = "2s"  # fits the 5 s shutdown_timeout
-    await fleet.store.ensure_table(True)
+    if protocol == 2:
+        await fleet.store.set_protocol(2)
+    else:
+        await fleet.store.ensure_table(True)
     try:
         plan = ChaosPlan.from_env(list(SHARDS), STREAMS, steps=5, kinds=STANDBY_KINDS)
         run = ChaosRun(fleet, plan, standbys=True)

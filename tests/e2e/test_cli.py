@@ -14,6 +14,7 @@ from helpers.fleet import SHARDS, cli, running_fleet
 from shard_worker.contract import table as t
 from supervisor import exit_codes
 from supervisor.adapters.lease_store.dynamodb import DynamoLeaseStore
+from supervisor.core.items import WorkerItem
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -167,16 +168,16 @@ def test_init_table_without_protocol_makes_todays_table(tmp_path, ddb_url, table
 async def test_init_table_protocol_2_refuses_a_fleet_with_a_worker_that_cannot_run_it(
     tmp_path, ddb_url, table_name, nursery
 ):
-    """Real supervisors: w1 advertises p2; w2 is configured with warm standbys, which
-    protocol 2 does not place yet, so it does not. The flip is refused with exit 76 naming w2
-    alone, the keys are backfilled all the same, and the table stays at protocol 1."""
-    await DynamoLeaseStore(table_name, "us-east-1", ddb_url).ensure_table(True, protocol=2)
+    """A real supervisor (w1, which advertises p2) beside the item of an older version's
+    worker (w2: running, no p2). The flip is refused with exit 76 naming w2 alone, the keys
+    are backfilled all the same, and the table stays at protocol 1."""
+    store = DynamoLeaseStore(table_name, "us-east-1", ddb_url)
+    await store.ensure_table(True, protocol=2)
     async with running_fleet(nursery, tmp_path, ddb_url, table_name, SHARDS, rate=50.0) as fleet:
         await fleet.start("w1")
-        fleet.overrides["standby"] = {"count": 1}
-        await fleet.start("w2")
-        for worker in ("w1", "w2"):
-            await fleet.wait_registered(worker, timeout=30)
+        await fleet.wait_registered("w1", timeout=30)
+        older = WorkerItem("w2", "s-older", 0, "running", 0.0, 0.0, features=frozenset({"mbb"}))
+        await store.register_worker(older)
         code, out = await cli(fleet, "init-table", "--protocol", "2")
         assert code == exit_codes.FLEET_NOT_READY, out
         assert "do not advertise the feature p2: w2" in out and "Traceback" not in out

@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 from collections.abc import Iterable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ HANDOFF_TIMEOUT = 2.0  # with shutdown_timeout 5 s: 2 s + the stop grace 2.5 s f
 @pytest.fixture
 async def live_fleet(tmp_path, ddb_url, table_name, nursery):
     """The fleet of helpers.fleet on a live-only feed, make-before-break sized for its drain."""
+    async with _live_fleet(tmp_path, ddb_url, table_name, nursery, protocol=1) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+async def live_fleet_p2(tmp_path, ddb_url, table_name, nursery):
+    """The same on a table that runs protocol 2 from its creation (dynalite cannot add the
+    indexes to an existing table)."""
+    async with _live_fleet(tmp_path, ddb_url, table_name, nursery, protocol=2) as fleet:
+        yield fleet
+
+
+@asynccontextmanager
+async def _live_fleet(tmp_path, ddb_url, table_name, nursery, *, protocol: int):
     feed = FeedServer(rate=200.0, stream_names=STREAMS, live=True)
     port = await nursery.start(feed.serve, "127.0.0.1", 0)
     fleet = Fleet(
@@ -45,7 +60,10 @@ async def live_fleet(tmp_path, ddb_url, table_name, nursery):
         live_feed=True,
     )
     fleet.settings["lease"]["handoff_timeout"] = f"{HANDOFF_TIMEOUT}s"
-    await fleet.store.ensure_table(True)
+    if protocol == 2:
+        await fleet.store.set_protocol(2)
+    else:
+        await fleet.store.ensure_table(True)
     try:
         yield fleet
     finally:
@@ -231,6 +249,20 @@ async def split_with_standbys(fleet: Fleet) -> dict[str, str]:
     return await wait_standbys_everywhere(fleet)
 
 
+async def kill_host_of_w1(fleet: Fleet, owners: dict[str, str]) -> tuple[list[str], float]:
+    """SIGKILL of w1's process group once every stream is written up to date; until w2 owns
+    what w1 did and has caught up. The shards moved, and how long their take took."""
+    await catch_up(fleet, STREAMS)
+    os.killpg(fleet.procs["w1"].pid, signal.SIGKILL)
+    died = trio.current_time()
+    await fleet.procs["w1"].wait()
+    moved = [s for s, o in owners.items() if o == "w1"]
+    await wait_owner(fleet, moved, "w2", DURATION + RECONCILE + 5)
+    took = trio.current_time() - died
+    await catch_up(fleet, STREAMS)
+    return moved, took
+
+
 def shard_of(pid: int) -> str:
     """A zygote child is named "shard <id>"."""
     return Path(f"/proc/{pid}/comm").read_text().strip().removeprefix("shard ")
@@ -269,15 +301,7 @@ async def test_host_death_with_a_warm_standby_loses_nothing(live_fleet):
                 await trio.sleep(0.02)
         assert child_pids(fleet.procs["w1"].pid) == owner_children
         assert (await fleet.owners()) == owners
-        # w1's host dies.
-        await catch_up(fleet, STREAMS)
-        os.killpg(fleet.procs["w1"].pid, signal.SIGKILL)
-        died = trio.current_time()
-        await fleet.procs["w1"].wait()
-        moved = [s for s, o in owners.items() if o == "w1"]
-        await wait_owner(fleet, moved, "w2", DURATION + RECONCILE + 5)
-        took = trio.current_time() - died
-        await catch_up(fleet, STREAMS)
+        moved, took = await kill_host_of_w1(fleet, owners)
         await fleet.stop_all()
     assert took <= DURATION + 2 * RECONCILE + 1.0
     assert_nothing_lost(fleet, streams_of(moved), twice=True)
@@ -389,3 +413,35 @@ async def test_a_worker_restarted_under_its_own_id_leaves_its_shards_to_their_st
     assert restarted.count("left to w2's standby") == len(moved)
     assert "took shard from w1" not in restarted
     assert fleet.log("w2").count("promoting the standby child") >= len(moved)
+
+
+async def test_on_protocol_2_the_ring_standbys_bridge_a_host_death_and_a_sigterm(
+    live_fleet_p2,
+):
+    """Protocol 2 (issue 16) from the first round, `[standby] count = 1`, on the live-only
+    feed: standbys placed from the ring with no scan (two workers: each stands by for the
+    other's shards). w1's host is SIGKILLed: its shards are routed to their standbys, which
+    promote and write from their buffers. Then w3 joins and w2's SIGTERM moves everything
+    make-before-break. Nothing lost; written twice only what the dead owner wrote last."""
+    fleet = live_fleet_p2
+    with trio.fail_after(120):
+        owners = await split_with_standbys(fleet)
+        moved, took = await kill_host_of_w1(fleet, owners)
+        await fleet.start("w3")
+        await wait_split(fleet, ["w2", "w3"], timeout=40)
+        await wait_taking(fleet, "w3")
+        await catch_up(fleet, STREAMS)
+        fleet.kill("w2", signal.SIGTERM)
+        assert await fleet.procs["w2"].wait() == 0
+        await wait_owner(fleet, SHARDS, "w3", RECONCILE + 3)
+        await catch_up(fleet, STREAMS)
+        await fleet.stop_all()
+    assert took <= DURATION + RECONCILE + 1.0
+    assert_nothing_lost(fleet, streams_of(moved), twice=True)
+    assert_nothing_lost(fleet, streams_of(s for s in SHARDS if s not in moved))
+    logs = {w: fleet.log(w) for w in ("w2", "w3")}
+    assert logs["w2"].count("promoting the standby child (failover)") == len(moved)
+    assert "the fleet runs protocol 2 from now on" in logs["w2"]
+    moves = re.findall(r"successor w3, (make_before_break|break_before_make)", logs["w2"])
+    assert set(moves) == {"make_before_break"}, moves
+    assert "gap:" not in logs["w2"] + logs["w3"]

@@ -58,10 +58,10 @@ A kept round is still O(shards): protocol 2, where a worker reads only what conc
 to place standbys without looking at every shard (docs/lease-protocol.md).
 
 Protocol 2's candidates (`core.standby_ring`, same command; designed in
-docs/lease-protocol.md, *Standbys*, not yet used by the daemon) look at no shard a worker does
-not stand by for: the ring of a view is sorted once (shard points when the shard list changes,
-members' virtual points when the membership does), then a worker's candidacies come from its
-arcs by binary search. `count` 1 (two candidates a shard):
+docs/lease-protocol.md, *Standbys*: the daemon's placement on protocol 2) look at no shard a
+worker does not stand by for: the ring of a view is sorted once (shard points when the shard
+list changes, members' virtual points when the membership does), then a worker's candidacies
+come from its arcs by binary search. `count` 1 (two candidates a shard):
 
 | workers / shards | ring built | one worker's candidacies (found) |
 |---|---:|---:|

@@ -17,6 +17,7 @@ from supervisor.core.items import (
     ShardItem,
     Snapshot,
     Vacancies,
+    WantMarker,
     WorkerItem,
     WorkerRead,
 )
@@ -67,6 +68,12 @@ class FleetRequests(Protocol):
     async def route(
         self, shard_id: str, owner: str, epoch: int, to: str, dead: str | None = None
     ) -> bool: ...
+
+    async def want_standby(self, shard_id: str, holder: str, epoch: int, named: str) -> bool: ...
+
+    async def wanted_of(self, worker_id: str) -> tuple[WantMarker, ...]: ...
+
+    async def registered_in(self, start: int, end: int) -> tuple[str, ...]: ...
 
 
 class LeaseStore(Protocol):

@@ -324,7 +324,13 @@ class MemoryLeaseStore:
         table = await self._enter("read_worker_items")
         found = sorted(set(worker_ids) & table.workers.keys())
         workers = tuple(table.workers[k] for k in found)
-        return WorkerRead(table.generation, workers, table.protocol, table.registered_count)
+        return WorkerRead(
+            table.generation,
+            workers,
+            table.protocol,
+            table.registered_count,
+            shardgen=table.shardgen,
+        )
 
     def set_protocol(self, protocol: int) -> None:
         """The meta item's ``protocol``, as ``init-table --protocol N`` writes it (for tests:

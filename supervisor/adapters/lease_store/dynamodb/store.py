@@ -289,6 +289,7 @@ class DynamoLeaseStore:
             tuple(sorted(workers, key=lambda w: w.id)),
             codec.read_int(meta, t.PROTOCOL) or 1,
             codec.read_int(meta, t.REGISTERED_COUNT),
+            shardgen=codec.read_int(meta, t.SHARDGEN),
         )
 
     async def watch_read(self, worker_id: str) -> Seen | None:
