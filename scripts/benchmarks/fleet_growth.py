@@ -25,11 +25,15 @@ can end before their first full scan: a scan of 72 items (24 workers) is about 5
 worker-minute, under 1 % of the figure.
 
     python -m benchmarks.fleet_growth [--quick] [--sizes 3 6 12 24] [--window S] [--protocol 2]
+                                      [--standbys 1]
 
 ``--protocol 2`` runs every size on a table flipped to protocol 2 before its first worker
 starts (``init-table --protocol 2`` on the empty table), and writes
 out/bench/fleet_growth_p2.json; without it, out/bench/fleet_growth.json; the report adds the
 modelled monthly lease cost at 20, 200 and 1,000 workers (``benchmarks.lease_cost``).
+``--standbys N`` (by hand, not in ``scripts/bench.sh``) runs the fleets with `[standby] count =
+N`, written to ``..._standbysN.json``: the standbys' own reads and writes on the wire, and
+host deaths taken by promotion.
 """
 
 from __future__ import annotations
@@ -131,15 +135,19 @@ async def measure_size(
     *,
     kill: bool,
     protocol: int = 1,
+    standbys: int = 0,
 ) -> dict[str, Any]:
-    """One fleet of ``workers`` supervisors, counted over ``window`` seconds, then (``kill``)
-    one host death, then stopped."""
+    """One fleet of ``workers`` supervisors (``standbys``: `[standby] count`), counted over
+    ``window`` seconds, then (``kill``) one host death, then stopped."""
     shards = {
         f"g{workers}-{i:03d}": [f"g{workers}-stream-{i:03d}"]
         for i in range(workers * SHARDS_PER_WORKER)
     }
     feed = await feed_for(shards, RATE)
-    fleet = bench_fleet(f"growth-{workers}", server.url, feed.url, shards, endpoint=proxy.url)
+    sections = {"standby": {"count": standbys}} if standbys else None
+    fleet = bench_fleet(
+        f"growth-{workers}", server.url, feed.url, shards, endpoint=proxy.url, sections=sections
+    )
     codes: dict[str, int | None] = {}
     death: dict[str, Any] = {}
     try:
@@ -172,6 +180,7 @@ async def measure_size(
         "workers": workers,
         "shards": len(shards),
         "protocol": protocol,
+        "standbys": standbys,
         "window_s": t1 - t0,
         "worker_minutes": workers * (t1 - t0) / 60,
         "settled_after_s": settled_s,
@@ -249,6 +258,7 @@ async def measure(
     *,
     quick: bool = False,
     protocol: int = 1,
+    standbys: int = 0,
 ) -> list[dict[str, Any]]:
     """Each size in turn; a host death after each window (a quick run: the largest only)."""
     proxy = await trio.to_thread.run_sync(start_proxy, server.url)
@@ -258,7 +268,9 @@ async def measure(
             kill = not quick or n == max(sizes)
             window_n = window or WINDOWS.get(n, 20.0)
             found.append(
-                await measure_size(n, server, proxy, window_n, kill=kill, protocol=protocol)
+                await measure_size(
+                    n, server, proxy, window_n, kill=kill, protocol=protocol, standbys=standbys
+                )
             )
             rru = found[-1]["per_worker_minute"]["rru"]
             print(f"  {n} workers: {rru:.0f} RRU/worker-min", flush=True)
@@ -272,25 +284,33 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="fleet sizes")
     parser.add_argument("--window", type=float, default=0.0, help="seconds counted, each size")
     parser.add_argument("--protocol", type=int, choices=(1, 2), default=1, help="the table's")
+    parser.add_argument("--standbys", type=int, default=0, help="[standby] count (by hand)")
     args = parser.parse_args()
     harness.interruptible()
     harness.use_local_aws()
     sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     window = args.window or (QUICK_WINDOW if args.quick else 0.0)
     name = "fleet_growth" if args.protocol == 1 else "fleet_growth_p2"
+    name += f"_standbys{args.standbys}" if args.standbys else ""
     with harness.recorded(name, args.quick) as results:
         results.update(
             server=args.server, shards_per_worker=SHARDS_PER_WORKER, feed_rate=RATE, slice_s=SLICE_S
         )
         with servers(args.server, 1) as (server,):
             run = functools.partial(
-                measure, server, sizes, window, quick=args.quick, protocol=args.protocol
+                measure,
+                server,
+                sizes,
+                window,
+                quick=args.quick,
+                protocol=args.protocol,
+                standbys=args.standbys,
             )
             found = trio.run(run)
         results["sizes"] = found
         results["growth"] = growth(found)
         results["cost_model"] = [lease_cost(w).as_json() for w in MODEL_WORKERS]
-    if args.protocol == 1:
+    if args.protocol == 1 and not args.standbys:
         print(sections(["fleet_growth"]))
     else:  # the report's row 9 is protocol 1's; protocol 2's figures are printed as measured
         for size in found:
@@ -299,7 +319,8 @@ def main() -> None:
             print(
                 f"  protocol {size['protocol']}, {size['workers']} workers: "
                 f"{size['per_worker_minute']['rru']:.0f} RRU, "
-                f"{size['per_worker_minute']['requests']:.0f} requests per worker-minute; "
+                f"{size['per_worker_minute']['requests']:.0f} requests, "
+                f"{size['per_worker_minute']['lease_wru']:.0f} lease WRU per worker-minute; "
                 f"host death taken {min(takes, default=0):.2f}-{max(takes, default=0):.2f} s "
                 "after the last heartbeat"
             )
