@@ -50,6 +50,7 @@ class RingStandbys:
     _marked_at: float = float("-inf")
     _marked_members: frozenset[str] | None = None
     _written: dict[str, tuple[int, str]] = attrs.field(factory=dict)  # shard -> (epoch, named)
+    _short: tuple[int, int] | None = None  # (wanted, peers) last reported as too few
 
     def widest(self) -> int:
         """The most standbys any shard we know wants: the ring's ``k`` (arcs cover them all)."""
@@ -72,6 +73,7 @@ class RingStandbys:
         A failed read keeps what was read before (next round)."""
         live = frozenset(live)
         k = self.widest()
+        self._report_short(k, len(live) - 1)  # a shard's holder is one of them
         same_members = self._ring_key is not None and self._ring_key[0::2] == (live, k)
         arcs_ring = self.ring if same_members and self.ring else Ring.build(live, (), k)
         arcs = arcs_ring.arcs(self.me)  # the members' points alone decide them
@@ -98,6 +100,20 @@ class RingStandbys:
             except (LeaseStoreError, trio.TooSlowError) as exc:
                 log.warning("standby-wanted markers not read: %s", str(exc) or "timeout")
         return self.registered
+
+    def _report_short(self, k: int, peers: int) -> None:
+        """Fewer live peers than standbys wanted per shard: the rest are not placed (a
+        warning, once per change, never a crash)."""
+        short = (k, peers) if peers < k else None
+        if short is not None and short != self._short:
+            log.warning(
+                "%d standby(s) per shard wanted, %d other live worker(s) can run one: "
+                "%d per shard not placed",
+                k,
+                max(peers, 0),
+                k - max(peers, 0),
+            )
+        self._short = short
 
     def place(
         self, runnable: Mapping[str, ShardConfig], holding: Collection[str], cap: int

@@ -187,3 +187,21 @@ async def _owners(h: Harness, expected: dict[str, str]) -> bool:
 async def _advertised(h: Harness, shard: str, worker: str) -> bool:
     workers = {w.id: w for w in await h.store.read_workers()}
     return worker in workers and shard in workers[worker].standbys
+
+
+async def test_more_standbys_than_peers_is_a_warning_and_the_rest_are_not_placed(
+    autojump_clock, caplog
+):
+    h = flipped(("s0",), standbys=2)
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
+    async with trio.open_nursery() as nursery:
+        for sup in sups.values():
+            await nursery.start(sup.run)
+        await wait_for(lambda: _owned(h, "s0"))
+        owner = (await h.owners())["s0"][0]
+        other = "w2" if owner == "w1" else "w1"
+        await wait_for(lambda: _true(set(sups[other].keeper.runners) == {"s0"}))
+        await trio.sleep(2 * RECONCILE)
+        assert sups[owner].keeper.runners == {}
+        nursery.cancel_scope.cancel()
+    assert "2 standby(s) per shard wanted, 1 other live worker(s) can run one" in caplog.text
