@@ -26,6 +26,7 @@ from supervisor.config.model import ShardConfig, WorkerConfig
 from supervisor.config.shard_spec import encode_spec
 from supervisor.core.standby_ring import Ring, first_standby
 from supervisor.drivers.daemon import Supervisor
+from supervisor.drivers.ring_standbys import RingStandbys
 
 PROTOCOL_1_READS = ("snapshot", "vacancies", "worker_ids", "read_workers", "handoff_requests")
 WORKERS = ("w1", "w2", "w3")
@@ -205,3 +206,28 @@ async def test_more_standbys_than_peers_is_a_warning_and_the_rest_are_not_placed
         assert sups[owner].keeper.runners == {}
         nursery.cancel_scope.cancel()
     assert "2 standby(s) per shard wanted, 1 other live worker(s) can run one" in caplog.text
+
+
+async def test_the_ring_keeps_what_it_read_when_the_store_fails_and_reads_again_after(
+    autojump_clock, caplog
+):
+    """A failed read of the arcs' registrations or of the markers costs nothing but that
+    round's update: no exception reaches the round, and the next refresh reads again."""
+    h = flipped(())
+    store = h.store.peer()
+    spec = encode_spec(ShardConfig("reg", (StreamSpec("reg", "ws://127.0.0.1:1/x"),)))
+    await h.store.add_shard("reg", spec, 0.0)
+    ring = RingStandbys("w1", store.fleet(), 1)
+    store.unavailable = True
+    found = await ring.refresh(
+        live={"w1", "w2"}, configured=(), shardgen=1, now=0.0, marker_period=10.0
+    )
+    assert found == frozenset() and ring.marked == frozenset()
+    assert "registered shards of our arcs not read" in caplog.text
+    assert "standby-wanted markers not read" in caplog.text
+    store.unavailable = False
+    found = await ring.refresh(
+        live={"w1", "w2"}, configured=(), shardgen=1, now=1.0, marker_period=10.0
+    )
+    assert found == {"reg"}  # two members, k = 1: each is a candidate of every shard
+    assert ring.first("reg", "w2") == "w1"
