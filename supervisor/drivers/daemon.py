@@ -486,8 +486,13 @@ class Supervisor:
         return health.status_line(self.state, self.runners)
 
     def _lose_all(self, reason: str) -> None:
+        """Every child stops; its shard items may still name us (our lease lapsed and nobody
+        took them: a freeze shorter than the peers' lease). On protocol 2 nothing else would
+        put them back in a round's view before the backstop: the next round reads our own
+        items, and takes them back or leaves them to their standbys."""
         for runner in list(self.runners.values()):
             runner.lose(reason)
+        self._own_unheld = True
 
     async def _reconcile_loop(self) -> None:
         while True:

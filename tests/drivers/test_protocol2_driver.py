@@ -181,3 +181,30 @@ async def test_a_worker_declared_dead_drops_everything_and_joins_again(autojump_
                 await trio.sleep(0.25)
         assert {owner for owner, _ in (await h.owners()).values()} == {"w1"}
         nursery.cancel_scope.cancel()
+
+
+async def test_shards_still_in_our_name_after_a_lapse_are_taken_back_at_once(autojump_clock):
+    """Our lease lapsed (a freeze shorter than the peers' lease: nobody declared us dead or
+    took anything) and every child stopped. The table still names us: the next round reads
+    our own items and takes them back, not the 10-minute backstop."""
+    h = flipped(shards=4)
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
+    async with trio.open_nursery() as nursery:
+        for sup in sups.values():
+            await nursery.start(sup.run)
+        await settle(h, {"w1", "w2"})
+        await trio.sleep(DURATION)
+        before = {s: e for s, (o, e) in (await h.owners()).items() if o == "w1"}
+        sups["w1"]._lose_all("own lease lapsed (test)")
+        lapsed = trio.current_time()
+        with trio.fail_after(60):
+            while True:
+                table = await h.owners()
+                back = all(table[s][1] > e for s, e in before.items())
+                if back and all(s in sups[table[s][0]].runners for s in table):
+                    break
+                await trio.sleep(0.25)
+        took = trio.current_time() - lapsed
+        nursery.cancel_scope.cancel()
+    assert took <= 3 * RECONCILE
+    no_two_writers(h)
