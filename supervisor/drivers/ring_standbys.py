@@ -23,9 +23,11 @@ from supervisor.config.model import ShardConfig
 from supervisor.core.standby_ring import (
     Ring,
     RingPlacement,
+    candidates_of,
     first_standby,
     markers_wanted,
     place_on_ring,
+    standbys,
 )
 
 log = logging.getLogger("shardvisor.standby")
@@ -134,11 +136,10 @@ class RingStandbys:
 
     def standbys_of(self, shard_id: str, holder: str) -> tuple[str, ...]:
         """The shard's standbys while ``holder`` holds it, nearest first."""
-        if self.ring is None or self.wanted(shard_id) <= 0:
-            return ()
         k = self.wanted(shard_id)
-        cands = self.ring.candidates(shard_id)[: k + 1]
-        return tuple(c for c in cands if c != holder)[:k]
+        if self.ring is None or k <= 0:
+            return ()
+        return standbys(candidates_of(self.ring, shard_id, k), holder, k)
 
     async def write_markers(self, held: Mapping[str, int]) -> None:
         """The holder's part: each shard we hold (shard -> epoch) that wants standbys gets a

@@ -35,6 +35,16 @@ async def settle(h: Harness, owners: set[str], timeout: float = 60.0) -> dict[st
             await trio.sleep(0.25)
 
 
+async def settled_pair(h: Harness, nursery: trio.Nursery) -> dict:
+    """w1 and w2 running, every shard owned by them, and a lease more."""
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
+    for sup in sups.values():
+        await nursery.start(sup.run)
+    await settle(h, {"w1", "w2"})
+    await trio.sleep(DURATION)
+    return sups
+
+
 def no_two_writers(h: Harness) -> None:
     for shard in {w.shard for w in h.writes}:
         epochs = [w.epoch for w in sorted(h.writes, key=lambda w: w.at) if w.shard == shard]
@@ -109,12 +119,8 @@ async def test_release_and_a_registered_shard_without_a_scan(autojump_clock):
     """`shardvisor release` (the mark and a poke) reaches the owner through its mailbox; a
     shard registered with `shards add` is counted in the targets and its definition read."""
     h = flipped(shards=4)
-    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
     async with trio.open_nursery() as nursery:
-        for sup in sups.values():
-            await nursery.start(sup.run)
-        await settle(h, {"w1", "w2"})
-        await trio.sleep(DURATION)
+        sups = await settled_pair(h, nursery)
         owner = await h.store.request_release("s0", 1.0)
         await h.store.poke(owner)
         with trio.fail_after(30):
@@ -188,12 +194,8 @@ async def test_shards_still_in_our_name_after_a_lapse_are_taken_back_at_once(aut
     took anything) and every child stopped. The table still names us: the next round reads
     our own items and takes them back, not the 10-minute backstop."""
     h = flipped(shards=4)
-    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
     async with trio.open_nursery() as nursery:
-        for sup in sups.values():
-            await nursery.start(sup.run)
-        await settle(h, {"w1", "w2"})
-        await trio.sleep(DURATION)
+        sups = await settled_pair(h, nursery)
         before = {s: e for s, (o, e) in (await h.owners()).items() if o == "w1"}
         sups["w1"]._lose_all("own lease lapsed (test)")
         lapsed = trio.current_time()

@@ -195,12 +195,7 @@ async def test_every_graceful_move_is_make_before_break_and_loses_nothing(live_f
         await wait_owner(fleet, SHARDS, "w1", RECONCILE * 2 + 5)
         assert await cli(fleet, "drain", "w2", "--undo") == 0
         await wait_split(fleet, ["w1", "w2"])  # rebalance again, once w1's shards dwelt
-        await wait_taking(fleet, "w2")  # else w1's drain has no successor: break-before-make
-        await catch_up(fleet, STREAMS)
-        fleet.kill("w1", signal.SIGTERM)
-        assert await fleet.procs["w1"].wait() == 0
-        await wait_owner(fleet, SHARDS, "w2", RECONCILE + 3)
-        await catch_up(fleet, STREAMS)
+        await sigterm_hands_everything(fleet, "w1", to="w2")
         await fleet.stop_all()
     assert_nothing_lost(fleet, STREAMS)
     logs = fleet.log("w1") + fleet.log("w2")
@@ -247,6 +242,18 @@ async def split_with_standbys(fleet: Fleet) -> dict[str, str]:
     await fleet.start("w2")
     await wait_split(fleet, ["w1", "w2"])
     return await wait_standbys_everywhere(fleet)
+
+
+async def sigterm_hands_everything(fleet: Fleet, leaving: str, *, to: str) -> None:
+    """Once ``to`` takes shards again (else the drain has no successor: break-before-make)
+    and every stream is written up to date: SIGTERM of ``leaving``, which exits 0, until
+    ``to`` owns every shard and has caught up."""
+    await wait_taking(fleet, to)
+    await catch_up(fleet, STREAMS)
+    fleet.kill(leaving, signal.SIGTERM)
+    assert await fleet.procs[leaving].wait() == 0
+    await wait_owner(fleet, SHARDS, to, RECONCILE + 3)
+    await catch_up(fleet, STREAMS)
 
 
 async def kill_host_of_w1(fleet: Fleet, owners: dict[str, str]) -> tuple[list[str], float]:
@@ -429,12 +436,7 @@ async def test_on_protocol_2_the_ring_standbys_bridge_a_host_death_and_a_sigterm
         moved, took = await kill_host_of_w1(fleet, owners)
         await fleet.start("w3")
         await wait_split(fleet, ["w2", "w3"], timeout=40)
-        await wait_taking(fleet, "w3")
-        await catch_up(fleet, STREAMS)
-        fleet.kill("w2", signal.SIGTERM)
-        assert await fleet.procs["w2"].wait() == 0
-        await wait_owner(fleet, SHARDS, "w3", RECONCILE + 3)
-        await catch_up(fleet, STREAMS)
+        await sigterm_hands_everything(fleet, "w2", to="w3")
         await fleet.stop_all()
     assert took <= DURATION + RECONCILE + 1.0
     assert_nothing_lost(fleet, streams_of(moved), twice=True)
