@@ -143,8 +143,9 @@ def render(mode: str, run_seconds: float | None, load: Load = harness.load_json)
             "lanes side by side: their figures are dominated by lease and loop timers (seconds), "
             "or do not depend on timing at all (memory)"
             + (f"; the machine was {busy:.0f} % busy during that stage" if busy else "")
-            + ". Rows 6, 3, 4 and 7 then run one at a time, alone; row 8, its fleets in two"
-            " lanes side by side; row 9 last, alone."
+            + ". Rows 6, 3, 4 and 7 then run one at a time, alone; row 8, its two host-death"
+            " fleets side by side, then each deploy fleet alone (their hand-offs give the"
+            " writer gap, a latency); row 9 last, alone."
         )
         parts = [part for part in (fleet, requests) if part]
         keys = ("busy_at_start", "busy_at_end")
