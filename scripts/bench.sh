@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for every row of docs/benchmarks.md: set-up included (the project's .venv, dynalite
 # from npm, the peers in virtualenvs of their own under out/bench/), everything on 127.0.0.1
-# against moto's DynamoDB server and dynalite, about 19 minutes on 2 cores.
+# against moto's DynamoDB server and dynalite, about 23 minutes on 2 cores.
 #
 #   scripts/bench.sh           full run: waits for the machine to be idle (no other benchmark or
 #                              pytest running, up to BENCH_WAIT_IDLE seconds, default 1200), then
