@@ -31,6 +31,7 @@ log = logging.getLogger("shardvisor.supervisor")
 
 STORE_WRITE_TIMEOUT = 1.0  # an announcement, a death marker: best effort, bounded
 DEATH_MARKER_ROUNDS = 2  # a death marker stays listed this many reconcile intervals
+LATE_ROUTE_PASSES = 2  # protocol 2: route a dead worker's shards again, a lease apart
 META_CONSISTENT_EVERY = 10  # protocol 2: one round in this many reads the meta item consistently
 
 
@@ -312,6 +313,7 @@ class Liveness:
             generation = await self.announce("death")  # after the write: peers read the table
             if self.protocol == 2:
                 await self.route(worker.id)
+                await self._route_late_arrivals(worker.id)
             elif generation is not None:
                 await self._mark_death(worker.id, generation)
 
@@ -336,8 +338,8 @@ class Liveness:
                 # Addressed to it: released to it (unowned), or routed to it (owned, no
                 # hand-off stage); a live owner's make-before-break request is not ours.
                 items = [*owned, *(i for i in addressed if not i.owner or not i.handoff_stage)]
-                if unrouted_only:
-                    items = [item for item in items if not item.successor]
+                if unrouted_only:  # addressed to the dead worker itself: nobody else's
+                    items = [item for item in items if item.successor in ("", dead)]
                 if not items:
                     return 0
                 seen = await self.fleet.watch_read(dead, consistent=True)
@@ -364,6 +366,16 @@ class Liveness:
             return 0
         log.info("routed %d of %d shards of %s", routed, len(items), dead)
         return routed
+
+    async def _route_late_arrivals(self, dead: str) -> None:
+        """Protocol 2: route again, a lease and two leases on. A peer that had not heard of
+        the death yet may still name the dead worker as a drain's or a release's successor
+        (its view was a round old), and only the dead worker would ever read that: its
+        shard would stay released and untaken. Every live peer hears of the death within a
+        round; a release it decided before that lands within its child's stop."""
+        for _ in range(LATE_ROUTE_PASSES):
+            await trio.sleep(self.lease.duration)
+            await self.route(dead)
 
     async def _mark_death(self, worker_id: str, generation: int) -> None:
         """List a death marker for a few rounds: every worker's hand-off poll (250 ms) sees it

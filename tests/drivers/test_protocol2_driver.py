@@ -10,7 +10,8 @@ from test_supervisor_driver import DURATION, HEARTBEAT, RECONCILE, Harness, doom
 from shard_worker.contract.pipe import StreamSpec
 from supervisor.config.model import ShardConfig
 from supervisor.config.shard_spec import encode_spec
-from supervisor.drivers.liveness import META_CONSISTENT_EVERY
+from supervisor.core.routing import SWEEP_PERIOD
+from supervisor.drivers.liveness import LATE_ROUTE_PASSES, META_CONSISTENT_EVERY
 
 # Requests protocol 2 never makes: the full scan and every read of the `roster` index.
 PROTOCOL_1_READS = ("snapshot", "vacancies", "worker_ids", "read_workers", "handoff_requests")
@@ -94,6 +95,58 @@ async def test_a_dead_workers_shards_are_routed_and_taken_at_the_lease(autojump_
     workers = {w.id: w for w in await h.store.read_workers()}
     assert workers["w1"].state == "dead"
     assert sum(sup.metrics.deaths_declared._value.get() for sup in sups.values()) == 1
+    no_two_writers(h)
+
+
+async def test_a_shard_released_to_a_worker_already_dead_is_routed_again(autojump_clock):
+    """A drain names its successors from its last view: a SIGTERM a fraction of a second
+    after a death notice (the newcomer check's e2e run caught one, 0.34 s after) releases a
+    shard to the dead worker, whose mailbox only it reads. The watcher that declared the
+    death routes the dead worker's shards again a lease later."""
+    h = flipped(shards=6)
+    doomed_store, doomed = h.store.peer(), trio.CancelScope()
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(doomed_run, h.supervisor("w3", doomed_store), doomed)
+        for sup in sups.values():
+            await nursery.start(sup.run)
+        await settle(h, {"w1", "w2", "w3"})
+        await trio.sleep(DURATION)
+        doomed_store.unavailable = True  # w3 dies
+        doomed.cancel()
+        await settle(h, {"w1", "w2"})  # declared dead, its shards routed and taken
+        shard, epoch = next((s, e) for s, (o, e) in (await h.owners()).items() if o == "w2")
+        await h.store.peer().release(shard, "w2", epoch, {}, successor="w3")  # a stale view
+        released = trio.current_time()
+        await settle(h, {"w1", "w2"})
+        took = trio.current_time() - released
+        nursery.cancel_scope.cancel()
+    assert took <= DURATION + RECONCILE
+    no_two_writers(h)
+
+
+async def test_the_sweeper_routes_what_was_released_to_a_dead_worker_later_still(
+    autojump_clock,
+):
+    """The backstop, for a release to the dead worker after the late routings: the sweeper
+    counted a shard addressed to it as routed (it names a successor) and left it."""
+    h = flipped(shards=4)
+    doomed_store, doomed = h.store.peer(), trio.CancelScope()
+    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(doomed_run, h.supervisor("w3", doomed_store), doomed)
+        for sup in sups.values():
+            await nursery.start(sup.run)
+        await settle(h, {"w1", "w2", "w3"})
+        await trio.sleep(DURATION)
+        doomed_store.unavailable = True
+        doomed.cancel()
+        await settle(h, {"w1", "w2"})
+        await trio.sleep((LATE_ROUTE_PASSES + 1) * DURATION)  # the late routings are over
+        shard, epoch = next((s, e) for s, (o, e) in (await h.owners()).items() if o == "w2")
+        await h.store.peer().release(shard, "w2", epoch, {}, successor="w3")
+        await settle(h, {"w1", "w2"}, timeout=2 * SWEEP_PERIOD)
+        nursery.cancel_scope.cancel()
     no_two_writers(h)
 
 
