@@ -98,23 +98,27 @@ async def test_a_dead_workers_shards_are_routed_and_taken_at_the_lease(autojump_
     no_two_writers(h)
 
 
+async def w3_died(h: Harness, nursery: trio.Nursery) -> None:
+    """w1, w2 and w3 settled; then w3 dies, and its shards are routed to w1 and w2 and taken."""
+    doomed_store, doomed = h.store.peer(), trio.CancelScope()
+    await nursery.start(doomed_run, h.supervisor("w3", doomed_store), doomed)
+    for worker in ("w1", "w2"):
+        await nursery.start(h.supervisor(worker, h.store.peer()).run)
+    await settle(h, {"w1", "w2", "w3"})
+    await trio.sleep(DURATION)
+    doomed_store.unavailable = True  # nothing w3 does lands any more
+    doomed.cancel()
+    await settle(h, {"w1", "w2"})
+
+
 async def test_a_shard_released_to_a_worker_already_dead_is_routed_again(autojump_clock):
     """A drain names its successors from its last view: a SIGTERM a fraction of a second
     after a death notice (the newcomer check's e2e run caught one, 0.34 s after) releases a
     shard to the dead worker, whose mailbox only it reads. The watcher that declared the
     death routes the dead worker's shards again a lease later."""
     h = flipped(shards=6)
-    doomed_store, doomed = h.store.peer(), trio.CancelScope()
-    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
     async with trio.open_nursery() as nursery:
-        await nursery.start(doomed_run, h.supervisor("w3", doomed_store), doomed)
-        for sup in sups.values():
-            await nursery.start(sup.run)
-        await settle(h, {"w1", "w2", "w3"})
-        await trio.sleep(DURATION)
-        doomed_store.unavailable = True  # w3 dies
-        doomed.cancel()
-        await settle(h, {"w1", "w2"})  # declared dead, its shards routed and taken
+        await w3_died(h, nursery)
         shard, epoch = next((s, e) for s, (o, e) in (await h.owners()).items() if o == "w2")
         await h.store.peer().release(shard, "w2", epoch, {}, successor="w3")  # a stale view
         released = trio.current_time()
@@ -131,17 +135,8 @@ async def test_the_sweeper_routes_what_was_released_to_a_dead_worker_later_still
     """The backstop, for a release to the dead worker after the late routings: the sweeper
     counted a shard addressed to it as routed (it names a successor) and left it."""
     h = flipped(shards=4)
-    doomed_store, doomed = h.store.peer(), trio.CancelScope()
-    sups = {w: h.supervisor(w, h.store.peer()) for w in ("w1", "w2")}
     async with trio.open_nursery() as nursery:
-        await nursery.start(doomed_run, h.supervisor("w3", doomed_store), doomed)
-        for sup in sups.values():
-            await nursery.start(sup.run)
-        await settle(h, {"w1", "w2", "w3"})
-        await trio.sleep(DURATION)
-        doomed_store.unavailable = True
-        doomed.cancel()
-        await settle(h, {"w1", "w2"})
+        await w3_died(h, nursery)
         await trio.sleep((LATE_ROUTE_PASSES + 1) * DURATION)  # the late routings are over
         shard, epoch = next((s, e) for s, (o, e) in (await h.owners()).items() if o == "w2")
         await h.store.peer().release(shard, "w2", epoch, {}, successor="w3")
