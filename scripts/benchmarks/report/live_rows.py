@@ -153,11 +153,16 @@ def _gap_section(fleets: list[dict[str, Any]], alone: set[str]) -> tuple[str, li
     by_server = _mbb_moves(measured or fleets)  # a smoke run has no fleet alone
     if not by_server:
         return "\n" + not_measured("no make-before-break hand-off"), []
+    where = (
+        "the deploy fleets, each alone on the machine"
+        if measured
+        else "these fleets, side by side (a smoke run: no fleet ran alone)"
+    )
     out = [
-        "\n**Writer gap at a make-before-break hand-off** (every graceful move in the deploy "
-        "fleets, each alone on the machine: the deploys and the rebalances that bring a "
-        "restarted supervisor's share back): the new epoch's first record's `ts` minus the old "
-        "epoch's last (both write times). Targets: p50 ≤ 50 ms, p99 ≤ 150 ms.\n"
+        f"\n**Writer gap at a make-before-break hand-off** (every graceful move in {where}: "
+        "the deploys and the rebalances that bring a restarted supervisor's share back): the "
+        "new epoch's first record's `ts` minus the old epoch's last (both write times). "
+        "Targets: p50 ≤ 50 ms, p99 ≤ 150 ms.\n"
     ]
     rows, summary_rows = [], []
     for server, moves in sorted(by_server.items()):
